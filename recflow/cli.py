@@ -1,0 +1,217 @@
+"""The `recflow` command line (DESIGN.md section 4).
+
+Configs and data headers are validated before TensorFlow is imported, so a
+user mistake costs no wait and prints one line: `recflow: <what>` (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+
+from recflow.errors import RecflowError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recflow", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(name: str, help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("config", help="YAML config file")
+        p.add_argument("--model-dir", help="overrides train.model_dir")
+        p.add_argument(
+            "--set", action="append", default=[], metavar="KEY=VALUE",
+            help="override a config value (YAML), e.g. --set train.steps=100",
+        )
+        return p
+
+    p = with_config("train", "train (resuming from the latest checkpoint), evaluate, export")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    with_config("evaluate", "evaluate the latest checkpoint; writes metrics.json")
+    p = with_config("export", "write a new SavedModel version (or a delta) from the latest checkpoint")
+    p.add_argument("--delta", action="store_true", help="write deltas/<step>/ instead")
+    with_config("plan", "print the fused-table plan, shard placement and memory estimate")
+
+    p = sub.add_parser("predict", help="score a CSV/Parquet file with an exported model")
+    p.add_argument("export_dir")
+    p.add_argument("data_file")
+    p.add_argument("--batch-size", type=int, default=4096)
+
+    p = sub.add_parser("tables", help="per logical table: keys, bytes, keys per shard")
+    p.add_argument("model_dir")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("data", help="data helpers")
+    data_sub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    p = data_sub.add_parser("synth", help="write the synthetic data set")
+    p.add_argument("--out", required=True)
+    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--format", choices=["csv", "tfrecord", "parquet"], default="csv")
+    p.add_argument("--schema", choices=["demo", "criteo", "sequence"], default="demo")
+    p.add_argument("--seed", type=int, default=7)
+    return parser
+
+
+def _load(args):
+    from recflow.config import load_config
+    from recflow.data import check_sources
+
+    overrides = list(args.set)
+    if args.model_dir:
+        overrides.append(f"train.model_dir={json.dumps(args.model_dir)}")
+    config = load_config(args.config, overrides)
+    check_sources(config)
+    return config
+
+
+def _trainer(config, verbose=0):
+    from recflow.training.trainer import Trainer
+
+    return Trainer(config, verbose=verbose)
+
+
+def _require_checkpoint(trainer) -> None:
+    step = trainer.restore()
+    if step == 0:
+        raise RecflowError(f"{trainer.checkpoint_dir}: no checkpoint to read (train first)")
+
+
+def _format_metrics(result: dict) -> str:
+    keys = [k for k in result if k.split("/")[-1] in ("auc", "gauc", "logloss", "mse", "mae", "rmse", "accuracy")]
+    parts = [f"{k} {result[k]:.4f}" for k in keys]
+    if "oracle_auc" in result:
+        parts.append(f"(oracle auc {result['oracle_auc']:.4f})")
+    if "examples_per_sec" in result:
+        parts.append(f"{result['examples_per_sec']:.0f} examples/s")
+    parts.append(f"step {result.get('steps')}")
+    return "  ".join(parts)
+
+
+def cmd_train(args) -> int:
+    config = _load(args)
+    trainer = _trainer(config, verbose=0 if args.quiet else 1)
+    result = trainer.run()
+    print(_format_metrics(result))
+    print(f"model dir: {trainer.model_dir}   export: {result['export']}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from recflow.atomic import write_json
+
+    config = _load(args)
+    trainer = _trainer(config)
+    _require_checkpoint(trainer)
+    result = trainer.evaluate()
+    result.pop("eval_bad_records", None)
+    result["steps"] = int(trainer.model.global_step)
+    path = os.path.join(trainer.model_dir, "metrics.json")
+    merged = {}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            merged = json.load(f)
+    merged.update(result)
+    write_json(path, merged)
+    print(_format_metrics(result))
+    return 0
+
+
+def cmd_export(args) -> int:
+    config = _load(args)
+    trainer = _trainer(config)
+    _require_checkpoint(trainer)
+    print(trainer.write_delta() if args.delta else trainer.export())
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from recflow.export.predict import predict_file
+
+    for value in predict_file(args.export_dir, args.data_file, args.batch_size):
+        print(f"{value:.6f}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from recflow.embedding.report import format_plan
+
+    print(format_plan(_load(args)))
+    return 0
+
+
+def cmd_tables(args) -> int:
+    from recflow.embedding.report import format_tables, table_stats
+
+    stats = table_stats(args.model_dir)
+    print(json.dumps({"tables": stats}, sort_keys=True) if args.json else format_tables(stats))
+    return 0
+
+
+def cmd_data(args) -> int:
+    from recflow.data.writer import write_synthetic
+
+    if args.rows <= 0:
+        raise RecflowError(f"--rows: expected a positive integer, got {args.rows}")
+    for path in write_synthetic(args.out, args.rows, args.format, schema=args.schema, seed=args.seed):
+        print(path)
+    return 0
+
+
+_COMMANDS = {
+    "train": cmd_train,
+    "evaluate": cmd_evaluate,
+    "export": cmd_export,
+    "predict": cmd_predict,
+    "plan": cmd_plan,
+    "tables": cmd_tables,
+    "data": cmd_data,
+}
+
+
+def _user_error(exc: BaseException) -> str | None:
+    """The one-line message of a user mistake, or None for a bug."""
+    if isinstance(exc, RecflowError):
+        return str(exc)
+    if "tensorflow" in sys.modules:
+        import tensorflow as tf
+
+        if isinstance(exc, tf.errors.InvalidArgumentError):
+            from recflow.data import bad_record_message
+
+            return bad_record_message(exc)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import recflow  # noqa: F401  (selects Keras 2 before TensorFlow loads)
+
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse already printed its message
+        return int(e.code or 0)
+    try:
+        return _COMMANDS[args.command](args)
+    except KeyboardInterrupt:
+        print("recflow: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the CLI owns the exit code
+        message = _user_error(exc)
+        if os.environ.get("RECFLOW_DEBUG"):
+            traceback.print_exc()
+        if message is not None:
+            print(f"recflow: {message}", file=sys.stderr)
+            return 2
+        if not os.environ.get("RECFLOW_DEBUG"):
+            traceback.print_exc()
+        print(f"recflow: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,510 @@
+"""The config schema (DESIGN.md section 3): frozen dataclasses with defaults.
+
+Each section is a dataclass; its `validate()` checks values that the types
+alone cannot. Cross-section references (tables, labels, group_by) are checked
+in `recflow.config.loader`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+from recflow.errors import ConfigError
+
+
+def _positive(obj: Any, name: str, allow_none: bool = False) -> None:
+    value = getattr(obj, name)
+    if value is None and allow_none:
+        return
+    if value is None or value <= 0:
+        kind = "integer" if isinstance(value, int) else "number"
+        raise ConfigError(name, f"expected a positive {kind}, got {value!r}")
+
+
+def _non_negative(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    if value < 0:
+        raise ConfigError(name, f"expected a non-negative number, got {value!r}")
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True)
+class CsvOptions:
+    delimiter: str = ","
+    header: bool = True
+    columns: tuple[str, ...] | None = None  # column names when the files have no header
+
+    def validate(self) -> None:
+        if len(self.delimiter) != 1:
+            raise ConfigError("delimiter", f"expected one character, got {self.delimiter!r}")
+        if not self.header and not self.columns:
+            raise ConfigError("columns", "required when header is false")
+
+
+@dataclass(frozen=True)
+class SyntheticOptions:
+    rows: int = 100_000
+    eval_rows: int = 20_000
+    seed: int = 7
+    schema: Literal["demo", "criteo", "sequence"] = "demo"
+
+    def validate(self) -> None:
+        _positive(self, "rows")
+        _positive(self, "eval_rows")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    format: Literal["csv", "tfrecord", "parquet", "synthetic"] = "csv"
+    train: tuple[str, ...] = ()
+    eval: tuple[str, ...] = ()
+    label: tuple[str, ...] = ()
+    batch_size: int = 1024
+    csv: CsvOptions = field(default_factory=CsvOptions)
+    synthetic: SyntheticOptions = field(default_factory=SyntheticOptions)
+    shuffle: bool = True
+    shuffle_buffer: int = 10_000
+    seed: int = 7
+    on_bad_record: Literal["skip", "fail"] = "skip"
+
+    def validate(self) -> None:
+        _positive(self, "batch_size")
+        _positive(self, "shuffle_buffer")
+        if self.format != "synthetic" and not self.train:
+            raise ConfigError("train", f"required for format {self.format!r}")
+        if not self.label:
+            raise ConfigError("label", "required")
+
+
+# ----------------------------------------------------------------------------- features
+
+
+@dataclass(frozen=True)
+class LogNormalizer:
+    type: Literal["log1p"] = "log1p"
+
+
+@dataclass(frozen=True)
+class StandardNormalizer:
+    type: Literal["standard"] = "standard"
+    mean: float = 0.0
+    std: float = 1.0
+
+    def validate(self) -> None:
+        _positive(self, "std")
+
+
+@dataclass(frozen=True)
+class BucketizeNormalizer:
+    type: Literal["bucketize"] = "bucketize"
+    boundaries: tuple[float, ...] = ()
+
+    def validate(self) -> None:
+        if not self.boundaries:
+            raise ConfigError("boundaries", "expected a non-empty list of numbers")
+        if list(self.boundaries) != sorted(set(self.boundaries)):
+            raise ConfigError("boundaries", "expected strictly increasing numbers")
+
+
+@dataclass(frozen=True)
+class IdentityNormalizer:
+    type: Literal["none"] = "none"
+
+
+Normalizer = LogNormalizer | StandardNormalizer | BucketizeNormalizer | IdentityNormalizer
+
+
+@dataclass(frozen=True)
+class NormalizerSpec:
+    """Dispatches on `type`; never instantiated itself."""
+
+    __discriminator__: ClassVar = (
+        "type",
+        {
+            "log1p": LogNormalizer,
+            "standard": StandardNormalizer,
+            "bucketize": BucketizeNormalizer,
+            "none": IdentityNormalizer,
+        },
+    )
+
+
+@dataclass(frozen=True)
+class Feature:
+    """Base of the feature kinds; dispatches on `kind`."""
+
+    name: str
+    column: str | None = None  # source column; defaults to `name`
+
+    @property
+    def source(self) -> str:
+        return self.column or self.name
+
+    @property
+    def is_sparse(self) -> bool:
+        return self.kind != "numeric"
+
+    def validate(self) -> None:
+        if not self.name or not self.name.replace("_", "a").replace("-", "a").isalnum():
+            raise ConfigError("name", f"expected letters, digits, '_' or '-', got {self.name!r}")
+
+
+@dataclass(frozen=True)
+class _SparseFeature(Feature):
+    dtype: Literal["int64", "string"] = "string"
+    table: str | None = None  # a key of `tables`; defaults to a table named after the feature
+    dim: int | None = None  # only for a feature with its own table
+
+    def validate(self) -> None:
+        super().validate()
+        _positive(self, "dim", allow_none=True)
+        if self.table is not None and self.dim is not None:
+            raise ConfigError("dim", "set the dim on the table, not on a feature with `table`")
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
+
+
+@dataclass(frozen=True)
+class CategoricalFeature(_SparseFeature):
+    kind: Literal["categorical"] = "categorical"
+
+
+@dataclass(frozen=True)
+class MultiHotFeature(_SparseFeature):
+    kind: Literal["multi_hot"] = "multi_hot"
+    separator: str = "|"
+    combiner: Literal["sum", "mean", "sqrtn"] = "mean"
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.separator:
+            raise ConfigError("separator", "expected a non-empty string")
+
+
+@dataclass(frozen=True)
+class SequenceFeature(_SparseFeature):
+    kind: Literal["sequence"] = "sequence"
+    separator: str = "|"
+    max_len: int = 20
+
+    def validate(self) -> None:
+        super().validate()
+        _positive(self, "max_len")
+        if not self.separator:
+            raise ConfigError("separator", "expected a non-empty string")
+
+
+@dataclass(frozen=True)
+class NumericFeature(Feature):
+    kind: Literal["numeric"] = "numeric"
+    normalizer: NormalizerSpec | None = None
+    default: float = 0.0
+
+
+Feature.__discriminator__ = (
+    "kind",
+    {
+        "categorical": CategoricalFeature,
+        "multi_hot": MultiHotFeature,
+        "sequence": SequenceFeature,
+        "numeric": NumericFeature,
+    },
+)
+
+# ----------------------------------------------------------------------------- tables
+
+
+@dataclass(frozen=True)
+class InitializerConfig:
+    type: Literal["truncated_normal", "normal", "uniform", "zeros"] = "truncated_normal"
+    mean: float = 0.0
+    stddev: float = 0.01
+    minval: float = -0.01
+    maxval: float = 0.01
+
+    def validate(self) -> None:
+        _non_negative(self, "stddev")
+        if self.minval > self.maxval:
+            raise ConfigError("minval", f"expected minval <= maxval, got {self.minval} > {self.maxval}")
+
+
+@dataclass(frozen=True)
+class SGDConfig:
+    type: Literal["sgd"] = "sgd"
+    learning_rate: float = 0.01
+
+    def validate(self) -> None:
+        _positive(self, "learning_rate")
+
+
+@dataclass(frozen=True)
+class AdagradConfig:
+    type: Literal["adagrad"] = "adagrad"
+    learning_rate: float = 0.05
+    initial_accumulator_value: float = 0.1
+    epsilon: float = 1e-7
+
+    def validate(self) -> None:
+        _positive(self, "learning_rate")
+        _non_negative(self, "initial_accumulator_value")
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    type: Literal["adam"] = "adam"
+    learning_rate: float = 0.001
+    beta_1: float = 0.9
+    beta_2: float = 0.999
+    epsilon: float = 1e-7
+
+    def validate(self) -> None:
+        _positive(self, "learning_rate")
+        for name in ("beta_1", "beta_2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(name, f"expected a number in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass(frozen=True)
+class FtrlConfig:
+    type: Literal["ftrl"] = "ftrl"
+    learning_rate: float = 0.05
+    learning_rate_power: float = -0.5
+    initial_accumulator_value: float = 0.1
+    l1: float = 0.0
+    l2: float = 0.0
+    beta: float = 0.0
+
+    def validate(self) -> None:
+        _positive(self, "learning_rate")
+        _non_negative(self, "l1")
+        _non_negative(self, "l2")
+        if self.learning_rate_power > 0:
+            raise ConfigError("learning_rate_power", "expected a number <= 0")
+
+
+OptimizerConfig = SGDConfig | AdagradConfig | AdamConfig | FtrlConfig
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """Dispatches on `type`; never instantiated itself."""
+
+    __discriminator__: ClassVar = (
+        "type",
+        {"sgd": SGDConfig, "adagrad": AdagradConfig, "adam": AdamConfig, "ftrl": FtrlConfig},
+    )
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    min_count: int = 1
+
+    def validate(self) -> None:
+        _positive(self, "min_count")
+
+
+@dataclass(frozen=True)
+class EvictionConfig:
+    ttl_steps: int | None = None
+    max_keys: int | None = None
+
+    def validate(self) -> None:
+        _positive(self, "ttl_steps", allow_none=True)
+        _positive(self, "max_keys", allow_none=True)
+        if self.ttl_steps is None and self.max_keys is None:
+            raise ConfigError("ttl_steps", "set ttl_steps and/or max_keys")
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    dim: int = 8
+    initializer: InitializerConfig = field(default_factory=InitializerConfig)
+    optimizer: OptimizerSpec | None = None  # defaults to train.sparse_optimizer
+    admission: AdmissionConfig | None = None
+    eviction: EvictionConfig | None = None
+
+    def validate(self) -> None:
+        _positive(self, "dim")
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    fusion: bool = True
+    default_dim: int = 8  # dim of a table a feature gets implicitly
+
+    def validate(self) -> None:
+        _positive(self, "default_dim")
+
+
+# ----------------------------------------------------------------------------- model, task
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    type: str = "deepfm"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """One head of a multi-task model."""
+
+    name: str
+    label: str
+    type: Literal["binary", "regression"] = "binary"
+    weight: float = 1.0
+
+    def validate(self) -> None:
+        _non_negative(self, "weight")
+
+
+_METRICS = {
+    "binary": ("auc", "logloss", "gauc", "accuracy"),
+    "regression": ("mse", "mae", "rmse"),
+}
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    type: Literal["binary", "regression", "multitask"] = "binary"
+    metrics: tuple[str, ...] | None = None  # defaults by type
+    group_by: str | None = None  # the feature that groups examples for gauc
+    tasks: tuple[TaskSpec, ...] = ()  # multitask heads
+
+    def validate(self) -> None:
+        if self.type == "multitask" and not self.tasks:
+            raise ConfigError("tasks", "required for type 'multitask'")
+        if self.type != "multitask" and self.tasks:
+            raise ConfigError("tasks", "only allowed for type 'multitask'")
+        kinds = {t.type for t in self.tasks} if self.tasks else {self.type}
+        allowed = sorted({m for k in kinds for m in _METRICS[k]})
+        for i, metric in enumerate(self.metrics or ()):
+            if metric not in allowed:
+                raise ConfigError(f"metrics[{i}]", f"expected one of {allowed}, got {metric!r}")
+        if "gauc" in (self.metrics or ()) and not self.group_by:
+            raise ConfigError("group_by", "required when metrics include 'gauc'")
+
+    def metric_names(self, kind: str) -> tuple[str, ...]:
+        """The metrics computed for a head of type `kind`."""
+        default = ("auc", "logloss") if kind == "binary" else ("mse",)
+        return tuple(m for m in (self.metrics or default) if m in _METRICS[kind])
+
+
+# ----------------------------------------------------------------------------- train, export
+
+
+@dataclass(frozen=True)
+class DenseOptimizerConfig:
+    type: Literal["adam", "adagrad", "sgd", "ftrl"] = "adam"
+    learning_rate: float = 0.001
+
+    def validate(self) -> None:
+        _positive(self, "learning_rate")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model_dir: str = "runs/default"
+    epochs: int | None = None
+    steps: int | None = None
+    optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
+    sparse_optimizer: OptimizerSpec = field(default_factory=AdagradConfig)
+    checkpoint_every_steps: int | None = 1000
+    keep_checkpoints: int = 3
+    log_every_steps: int = 100
+    seed: int = 7
+
+    def validate(self) -> None:
+        _positive(self, "epochs", allow_none=True)
+        _positive(self, "steps", allow_none=True)
+        _positive(self, "checkpoint_every_steps", allow_none=True)
+        _positive(self, "keep_checkpoints")
+        _positive(self, "log_every_steps")
+        if self.epochs is not None and self.steps is not None:
+            raise ConfigError("steps", "set either epochs or steps, not both")
+        if not self.model_dir:
+            raise ConfigError("model_dir", "expected a non-empty path")
+
+    @property
+    def total_epochs(self) -> int | None:
+        if self.steps is not None:
+            return None
+        return self.epochs or 1
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    every_steps: int | None = None
+    delta_every_steps: int | None = None
+    keep: int = 5
+
+    def validate(self) -> None:
+        _positive(self, "every_steps", allow_none=True)
+        _positive(self, "delta_every_steps", allow_none=True)
+        _positive(self, "keep")
+
+
+@dataclass(frozen=True)
+class DistributeConfig:
+    strategy: Literal["local", "parameter_server"] = "local"
+
+
+@dataclass(frozen=True)
+class Config:
+    version: Literal[1] = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    features: tuple[Feature, ...] = ()
+    tables: dict[str, TableConfig] = field(default_factory=dict)
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+    distribute: DistributeConfig = field(default_factory=DistributeConfig)
+
+    # ---- derived views used across the package
+
+    @property
+    def sparse_features(self) -> tuple[Feature, ...]:
+        return tuple(f for f in self.features if f.is_sparse)
+
+    @property
+    def numeric_features(self) -> tuple[NumericFeature, ...]:
+        return tuple(f for f in self.features if not f.is_sparse)
+
+    def feature(self, name: str) -> Feature:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise KeyError(name)
+
+    def table(self, name: str) -> TableConfig:
+        """The table config of a logical table, implicit ones included."""
+        if name in self.tables:
+            return self.tables[name]
+        for f in self.sparse_features:
+            if f.table is None and f.name == name:
+                return TableConfig(dim=f.dim or self.embedding.default_dim)
+        raise KeyError(name)
+
+    def table_names(self) -> tuple[str, ...]:
+        """Logical tables in use, in first-use order."""
+        names: list[str] = []
+        for f in self.sparse_features:
+            if f.table_name not in names:
+                names.append(f.table_name)
+        return tuple(names)
+
+    def sparse_optimizer(self, table: str) -> OptimizerConfig:
+        return self.table(table).optimizer or self.train.sparse_optimizer
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        if self.task.type == "multitask":
+            return tuple(t.label for t in self.task.tasks)
+        return self.data.label

@@ -1,0 +1,1 @@
+"""ParameterServerStrategy setup, TF_CONFIG roles, local multi-process launcher."""

@@ -1,0 +1,44 @@
+"""Shard placement: which shard (parameter server) holds a key."""
+
+from __future__ import annotations
+
+import abc
+
+import tensorflow as tf
+
+
+class Placement(abc.ABC):
+    """Maps keys to shards and shards to devices."""
+
+    def __init__(self, num_shards: int):
+        if num_shards < 1:
+            raise ValueError(f"`num_shards` must be a positive integer. Received: {num_shards}")
+        self.num_shards = num_shards
+
+    @abc.abstractmethod
+    def shard_of(self, keys: tf.Tensor) -> tf.Tensor:
+        """int32 shard index of each key."""
+
+    @abc.abstractmethod
+    def device(self, shard: int) -> str | None:
+        """The device that holds `shard` (None: the current device)."""
+
+
+class ModPlacement(Placement):
+    """Shard = key mod num_shards; shard i on PS task i (or locally).
+
+    Keys are already uniform in their low bits (fingerprints of strings, or
+    ids), so the modulo spreads them evenly.
+    """
+
+    def __init__(self, num_shards: int = 1, ps_devices: list[str] | None = None):
+        super().__init__(num_shards)
+        if ps_devices is not None and len(ps_devices) != num_shards:
+            raise ValueError("`ps_devices` must have one device per shard")
+        self.ps_devices = ps_devices
+
+    def shard_of(self, keys: tf.Tensor) -> tf.Tensor:
+        return tf.cast(tf.math.floormod(keys, self.num_shards), tf.int32)
+
+    def device(self, shard: int) -> str | None:
+        return self.ps_devices[shard] if self.ps_devices else None

@@ -1,0 +1,109 @@
+"""`recflow plan` and `recflow tables`: what the engine builds, and what a checkpoint holds."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from recflow.config.schema import Config
+from recflow.embedding.optimizers import make_optimizer
+from recflow.embedding.planner import PhysicalTable, plan_tables
+from recflow.embedding.rows import RowLayout
+from recflow.errors import RecflowError
+from recflow.features.keys import slot_of
+
+KEY_BYTES = 8
+MAX_LOAD = 0.8  # DenseHashTable grows (doubles) past this load factor
+
+
+def layout_of(table: PhysicalTable) -> RowLayout:
+    return RowLayout(table.dim, make_optimizer(table.optimizer).num_slots)
+
+
+def _first_order(config: Config) -> bool:
+    from recflow.models.registry import get_model_class
+
+    return get_model_class(config.model.type).first_order
+
+
+def format_plan(config: Config, keys_per_table: int = 1_000_000, num_shards: int = 1) -> str:
+    """The physical tables, the features reading each, placement and memory at `keys_per_table`."""
+    plan = plan_tables(config, _first_order(config))
+    lines = [
+        f"fusion: {'on' if config.embedding.fusion else 'off'}   physical tables: {len(plan)}   "
+        f"logical tables: {sum(len(t.logical) for t in plan)}   shards per table: {num_shards}",
+        "",
+        f"{'physical table':<22} {'dim':>4} {'row floats':>10} {'optimizer':>9}  logical tables (features)",
+    ]
+    total = 0
+    for table in plan:
+        layout = layout_of(table)
+        readers = []
+        for slot, logical in enumerate(table.logical):
+            base = logical.name.split(".")[0]
+            names = [f.name for f in config.sparse_features if f.table_name == base]
+            readers.append(f"{slot}:{logical.name} ({', '.join(names)})")
+        total += keys_per_table * len(table.logical) * (KEY_BYTES + 4 * layout.width)
+        lines.append(
+            f"{table.name:<22} {table.dim:>4} {layout.width:>10} {table.optimizer.type:>9}  "
+            + "; ".join(readers)
+        )
+    lines += [
+        "",
+        f"placement: shard = key mod {num_shards}; shard i on PS task i",
+        f"memory at {keys_per_table:,} keys per logical table: {total / 2**20:,.1f} MiB of rows "
+        f"(hash buckets add {1 / MAX_LOAD:.2f}x-{2 / MAX_LOAD:.2f}x)",
+    ]
+    return "\n".join(lines)
+
+
+def _latest_checkpoint(model_dir: str) -> str:
+    import tensorflow as tf
+
+    path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    if path is None:
+        raise RecflowError(f"{model_dir}: no checkpoint found")
+    return path
+
+
+def table_stats(model_dir: str) -> dict:
+    """Per logical table: keys, bytes and keys per shard, from the latest checkpoint."""
+    import tensorflow as tf
+
+    from recflow.config.loader import load_config
+
+    config_path = os.path.join(model_dir, "config.yaml")
+    if not os.path.exists(config_path):
+        raise RecflowError(f"{model_dir}: not a model dir (no config.yaml)")
+    config = load_config(config_path)
+    reader = tf.train.load_checkpoint(_latest_checkpoint(model_dir))
+    names = reader.get_variable_to_shape_map()
+    stats = {}
+    for index, table in enumerate(plan_tables(config, _first_order(config))):
+        width = layout_of(table).width
+        prefix = f"model/embedding/groups/{index}/table/shards"
+        shard_keys = []
+        shard = 0
+        while f"{prefix}/{shard}/.ATTRIBUTES/table-keys" in names:
+            keys = reader.get_tensor(f"{prefix}/{shard}/.ATTRIBUTES/table-keys").reshape(-1)
+            shard_keys.append(keys[keys >= 0])
+            shard += 1
+        for slot, logical in enumerate(table.logical):
+            per_shard = [int(np.sum(slot_of(k) == slot)) for k in shard_keys]
+            n = sum(per_shard)
+            stats[logical.name] = {
+                "keys": n,
+                "bytes": n * (KEY_BYTES + 4 * width),
+                "shards": per_shard,
+                "physical_table": table.name,
+            }
+    return stats
+
+
+def format_tables(stats: dict) -> str:
+    lines = [f"{'table':<24} {'keys':>10} {'bytes':>12}  shards  (physical table)"]
+    for name, s in stats.items():
+        shards = ",".join(str(k) for k in s["shards"])
+        lines.append(f"{name:<24} {s['keys']:>10} {s['bytes']:>12}  [{shards}]  ({s['physical_table']})")
+    return "\n".join(lines)

@@ -1,0 +1,187 @@
+"""`DNN`: a multi-layer perceptron, plus the argument checks the layers share."""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+
+import tensorflow as tf
+import tf_keras as keras
+
+from recflow.layers.dice import Dice
+
+
+def check_positive_int(name: str, value) -> int:
+    """Returns `value` as an int, or raises `ValueError` naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)
+
+
+def check_units(name: str, value) -> list[int]:
+    """Returns `value` as a list of positive ints, or raises `ValueError`."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise ValueError(
+            f"`{name}` must be a list of positive integers. Received: {name}={value!r}"
+        )
+    try:
+        return [check_positive_int(name, u) for u in value]
+    except ValueError:
+        raise ValueError(
+            f"`{name}` must be a list of positive integers. Received: {name}={value!r}"
+        ) from None
+
+
+def check_activation(name: str, value) -> str:
+    """Returns `value` if it is "dice" or a Keras activation name."""
+    message = f"`{name}` must be 'dice' or a Keras activation name. Received: {name}={value!r}"
+    if not isinstance(value, str):
+        raise ValueError(message)
+    if value != "dice":
+        try:
+            keras.activations.get(value)
+        except ValueError:
+            raise ValueError(message) from None
+    return value
+
+
+def build_sublayer(layer: keras.layers.Layer, input_shape) -> None:
+    """Builds `layer` under its own name scope, so its weights are named after it."""
+    with tf.name_scope(layer.name):
+        layer.build(input_shape)
+
+
+@keras.saving.register_keras_serializable(package="recflow")
+class DNN(keras.layers.Layer):
+    """Multi-layer perceptron: `Dense -> [BatchNorm] -> activation -> [Dropout]` per layer.
+
+    Args:
+        hidden_units: sizes of the hidden layers, e.g. `[256, 128]` (may be
+            empty: then only the output layer, if any, is applied).
+        activation: hidden activation: a Keras activation name ("relu",
+            "sigmoid", ...) or "dice" for `Dice`.
+        dropout: dropout rate in `[0, 1)` after each hidden activation; only
+            active in training.
+        use_batch_norm: batch-normalize each hidden layer before its
+            activation (the hidden `Dense` then has no bias).
+        l2: L2 penalty (>= 0) on every kernel; 0 for none.
+        output_units: if set, a final linear `Dense(output_units)` with no
+            activation.
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Input shape:
+        Tensor `[batch, ..., in_dim]`.
+
+    Output shape:
+        `[batch, ..., units]`: `units` is `output_units` if set, else
+        `hidden_units[-1]`, else `in_dim`.
+
+    Example:
+
+    >>> mlp = DNN([64, 32], dropout=0.1, output_units=1)
+    >>> mlp(tf.ones([8, 20])).shape
+    TensorShape([8, 1])
+    """
+
+    def __init__(
+        self,
+        hidden_units: Sequence[int],
+        activation: str = "relu",
+        dropout: float = 0.0,
+        use_batch_norm: bool = False,
+        l2: float = 0.0,
+        output_units: int | None = None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.hidden_units = check_units("hidden_units", hidden_units)
+        self.activation = check_activation("activation", activation)
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, numbers.Real)
+            or not 0 <= dropout < 1
+        ):
+            raise ValueError(f"`dropout` must be a float in [0, 1). Received: dropout={dropout!r}")
+        if not isinstance(use_batch_norm, bool):
+            raise ValueError(
+                f"`use_batch_norm` must be a bool. Received: use_batch_norm={use_batch_norm!r}"
+            )
+        if isinstance(l2, bool) or not isinstance(l2, numbers.Real) or l2 < 0:
+            raise ValueError(f"`l2` must be a float >= 0. Received: l2={l2!r}")
+        if output_units is not None:
+            output_units = check_positive_int("output_units", output_units)
+        self.dropout = float(dropout)
+        self.use_batch_norm = use_batch_norm
+        self.l2 = float(l2)
+        self.output_units = output_units
+
+        regularizer = keras.regularizers.L2(self.l2) if self.l2 > 0 else None
+        n = len(self.hidden_units)
+        self.dense_layers = [
+            keras.layers.Dense(
+                u, use_bias=not use_batch_norm, kernel_regularizer=regularizer, name=f"dense_{i}"
+            )
+            for i, u in enumerate(self.hidden_units)
+        ]
+        self.norm_layers = (
+            [keras.layers.BatchNormalization(name=f"batch_norm_{i}") for i in range(n)]
+            if use_batch_norm
+            else []
+        )
+        self.activation_layers = [
+            Dice(name=f"dice_{i}")
+            if activation == "dice"
+            else keras.layers.Activation(activation, name=f"activation_{i}")
+            for i in range(n)
+        ]
+        self.dropout_layers = (
+            [keras.layers.Dropout(self.dropout, name=f"dropout_{i}") for i in range(n)]
+            if self.dropout > 0
+            else []
+        )
+        self.output_layer = (
+            keras.layers.Dense(output_units, kernel_regularizer=regularizer, name="output")
+            if output_units is not None
+            else None
+        )
+
+    def build(self, input_shape):
+        shape = tf.TensorShape(input_shape)
+        if shape.rank is None or shape.rank < 2 or shape[-1] is None:
+            raise ValueError(
+                "`DNN` expects a tensor of rank >= 2 with a known last dimension. "
+                f"Received: input_shape={input_shape}"
+            )
+        for i, dense in enumerate(self.dense_layers):
+            build_sublayer(dense, shape)
+            shape = shape[:-1].concatenate([dense.units])
+            if self.norm_layers:
+                build_sublayer(self.norm_layers[i], shape)
+            build_sublayer(self.activation_layers[i], shape)
+        if self.output_layer is not None:
+            build_sublayer(self.output_layer, shape)
+        super().build(input_shape)
+
+    def call(self, inputs, training=None):
+        x = inputs
+        for i, dense in enumerate(self.dense_layers):
+            x = dense(x)
+            if self.norm_layers:
+                x = self.norm_layers[i](x, training=training)
+            x = self.activation_layers[i](x, training=training)
+            if self.dropout_layers:
+                x = self.dropout_layers[i](x, training=training)
+        if self.output_layer is not None:
+            x = self.output_layer(x)
+        return x
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "hidden_units": list(self.hidden_units),
+            "activation": self.activation,
+            "dropout": self.dropout,
+            "use_batch_norm": self.use_batch_norm,
+            "l2": self.l2,
+            "output_units": self.output_units,
+        }

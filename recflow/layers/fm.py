@@ -1,0 +1,43 @@
+"""`FM`: the second-order factorization-machine interaction."""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+
+
+@keras.saving.register_keras_serializable(package="recflow")
+class FM(keras.layers.Layer):
+    """Second-order factorization-machine interaction of field embeddings.
+
+    Computes `sum_{i<j} <v_i, v_j>` over the fields with the usual
+    `0.5 * sum_d((sum_f v)^2 - sum_f v^2)` identity. The layer has no weights.
+
+    Args:
+        **kwargs: base `Layer` arguments (`name`, `dtype`, ...).
+
+    Input shape:
+        3D tensor `[batch, num_fields, dim]`: the field embeddings, stacked.
+
+    Output shape:
+        2D tensor `[batch, 1]`.
+
+    Example:
+
+    >>> v = tf.ones([2, 3, 4])  # 3 fields of dimension 4
+    >>> FM()(v).shape  # 3 pairs, <v_i, v_j> = 4 each -> 12.0
+    TensorShape([2, 1])
+    """
+
+    def build(self, input_shape):
+        if tf.TensorShape(input_shape).rank != 3:
+            raise ValueError(
+                "`FM` expects a 3D input [batch, num_fields, dim]. "
+                f"Received: input_shape={input_shape}"
+            )
+        super().build(input_shape)
+
+    def call(self, inputs):
+        square_of_sum = tf.square(tf.reduce_sum(inputs, axis=1))
+        sum_of_square = tf.reduce_sum(tf.square(inputs), axis=1)
+        return 0.5 * tf.reduce_sum(square_of_sum - sum_of_square, axis=1, keepdims=True)

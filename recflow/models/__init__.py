@@ -1,0 +1,6 @@
+"""RankingModel base (+ registry) and the model zoo."""
+
+from recflow.models.base import RankingModel, build_model
+from recflow.models.registry import get_model_class, register_model, registered_models
+
+__all__ = ["RankingModel", "build_model", "get_model_class", "register_model", "registered_models"]

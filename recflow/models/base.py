@@ -1,0 +1,147 @@
+"""`RankingModel`: the base every model extends by writing one hook, `tower`.
+
+The base owns feature transforms, the dynamic embeddings (fused, sharded),
+the task heads and their losses, `train_step`, and the inputs the tower sees:
+
+    categorical, multi_hot  [B, dim]          pooled embedding
+    sequence                [B, max_len, dim] and "<name>/mask" [B, max_len] bool
+    numeric                 [B, 1]            normalized
+    "<name>/linear"         [B, 1]            first-order weight (when `first_order = True`)
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import tensorflow as tf
+import tf_keras as keras
+
+from recflow.config.schema import Config
+from recflow.embedding.engine import MASK_OUTPUT, EmbeddingEngine
+from recflow.embedding.placement import Placement
+from recflow.features.transform import transform
+from recflow.models.heads import Head, heads_for
+
+
+class RankingModel(keras.Model):
+    """Base ranking model.
+
+    Args:
+        config: the run config.
+        placement: embedding shard placement (parameter servers); local by default.
+
+    Subclasses override `tower(inputs, training)` and return logits `[B, 1]`, or
+    `{task_name: logits}` for multi-task configs. Set the class attribute
+    `first_order = True` to receive per-feature first-order weights.
+    """
+
+    first_order = False
+
+    def __init__(self, config: Config, placement: Placement | None = None, **kwargs):
+        super().__init__(name=kwargs.pop("name", type(self).__name__.lower()), **kwargs)
+        self.config = config
+        self.heads: list[Head] = heads_for(config)
+        self.embedding = EmbeddingEngine(config, placement, first_order=self.first_order)
+        self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.bad_records = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_records")
+
+    # ------------------------------------------------------------------ the hook
+
+    def tower(self, inputs: dict, training: bool = False):
+        """Maps tower inputs to logits. Subclasses implement this."""
+        raise NotImplementedError(f"{type(self).__name__} must implement `tower`")
+
+    # ------------------------------------------------------------------ helpers for towers
+
+    def pooled(self, inputs: dict) -> list[tf.Tensor]:
+        """Every sparse feature as `[B, dim]`; sequences mean-pooled over their mask."""
+        out = []
+        for feature in self.config.sparse_features:
+            value = inputs[feature.name]
+            if feature.kind == "sequence":
+                mask = tf.cast(inputs[feature.name + MASK_OUTPUT], value.dtype)[:, :, None]
+                value = tf.reduce_sum(value * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
+            out.append(value)
+        return out
+
+    def numeric(self, inputs: dict) -> tf.Tensor | None:
+        """All numeric features concatenated, `[B, n]`, or None when there are none."""
+        values = [inputs[f.name] for f in self.config.numeric_features]
+        return tf.concat(values, axis=1) if values else None
+
+    def first_order_logit(self, inputs: dict) -> tf.Tensor:
+        """Sum of the sparse features' first-order weights, `[B, 1]`."""
+        weights = [inputs[f.name + "/linear"] for f in self.config.sparse_features]
+        return tf.add_n(weights)
+
+    # ------------------------------------------------------------------ forward
+
+    def split_features(self, features: dict) -> tuple[dict, dict]:
+        """Transformed features -> (sparse ids, numeric tensors)."""
+        ids = {f.name: features[f.name] for f in self.config.sparse_features}
+        dense = {f.name: features[f.name] for f in self.config.numeric_features}
+        return ids, dense
+
+    def _logits_by_head(self, outputs) -> dict:
+        if isinstance(outputs, dict):
+            return {h.name: outputs[h.name] for h in self.heads}
+        if len(self.heads) != 1:
+            raise ValueError("a multi-task tower must return {task_name: logits}")
+        return {self.heads[0].name: outputs}
+
+    def call(self, features: dict, training: bool = False) -> dict:
+        """Transformed features -> {head output name: activated prediction [B, 1]}."""
+        ids, dense = self.split_features(features)
+        inputs = dict(dense)
+        inputs.update(self.embedding.embed(ids))
+        logits = self._logits_by_head(self.tower(inputs, training=training))
+        return {h.output: h.activate(logits[h.name]) for h in self.heads}
+
+    def predict_raw(self, raw: dict) -> dict:
+        """Raw columns (serving form) -> predictions."""
+        return self(transform(self.config, raw), training=False)
+
+    # ------------------------------------------------------------------ training
+
+    def compute_total_loss(self, labels: dict, logits: dict) -> tf.Tensor:
+        loss = tf.add_n([h.weight * h.loss(labels[h.label], logits[h.name]) for h in self.heads])
+        if self.losses:
+            loss += tf.add_n(self.losses)
+        return loss
+
+    def train_step(self, data):
+        features, labels, bad = data
+        ids, dense = self.split_features(features)
+        step = self.global_step.assign_add(1)
+        self.bad_records.assign_add(tf.cast(bad, tf.int64))
+        states = self.embedding.prepare(ids, step)
+        rows = [s.emb for s in states]
+        with tf.GradientTape() as tape:
+            tape.watch(rows)
+            inputs = dict(dense)
+            inputs.update(self.embedding.embed_step(states, ids))
+            logits = self._logits_by_head(self.tower(inputs, training=True))
+            loss = self.compute_total_loss(labels, logits)
+        variables = self.trainable_variables
+        grads = tape.gradient(loss, list(variables) + rows)
+        if variables:
+            self.optimizer.apply_gradients(zip(grads[: len(variables)], variables))
+        self.embedding.apply(states, grads[len(variables) :], step)
+        return {"loss": loss}
+
+
+def build_model(config: Config, placement: Placement | None = None) -> RankingModel:
+    """Instantiates `config.model` with its params."""
+    from recflow.errors import ConfigError
+    from recflow.models.registry import get_model_class
+
+    cls = get_model_class(config.model.type)
+    params = config.model.params
+    try:
+        inspect.signature(cls).bind(config, placement=placement, **params)
+    except TypeError as e:
+        raise ConfigError("model.params", f"{e} (for {cls.__name__})") from None
+    try:
+        return cls(config, placement=placement, **params)
+    except (TypeError, ValueError) as e:
+        raise ConfigError("model.params", " ".join(str(e).split())) from None

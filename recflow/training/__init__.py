@@ -1,0 +1,1 @@
+"""Trainer loop, checkpoints, lifecycle hooks and metrics."""

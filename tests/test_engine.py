@@ -1,0 +1,207 @@
+"""The embedding engine: sparse optimizers against numpy, exact key sets, admission, fusion."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recflow.config import config_from_dict
+from recflow.embedding.rows import RowLayout
+from recflow.features.keys import ID_MASK, encode, slot_of
+from recflow.features.transform import transform
+from recflow.models import RankingModel, build_model, register_model
+from recflow.training.trainer import make_dense_optimizer
+
+
+@register_model("test_sum_tower")
+class SumTower(RankingModel):
+    """logit = sum of every pooled embedding: no dense weights, so gradients are known."""
+
+    def tower(self, inputs, training=False):
+        return tf.add_n([tf.reduce_sum(v, axis=1, keepdims=True) for v in self.pooled(inputs)])
+
+
+def make_config(optimizer=None, tables=None, features=None, fusion=True, model="test_sum_tower"):
+    return config_from_dict(
+        {
+            "data": {"format": "synthetic", "label": "click"},
+            "features": features
+            or [{"name": "item", "kind": "categorical", "dtype": "int64", "table": "t"}],
+            "tables": tables or {"t": {"dim": 3, "optimizer": optimizer or {"type": "sgd"}}},
+            "embedding": {"fusion": fusion},
+            "model": {"type": model},
+        }
+    )
+
+
+def make_model(config):
+    model = build_model(config)
+    model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
+    return model, tf.function(model.train_step)
+
+
+def batch(config, raw, labels):
+    features = transform(config, {k: tf.constant(v) for k, v in raw.items()})
+    return features, {"click": tf.constant(labels, tf.float32)}, tf.constant(0, tf.int64)
+
+
+def sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def preset(model, keys, emb, slots):
+    """Writes known rows so the first update starts from known values."""
+    group = model.embedding.groups[0]
+    layout = group.layout
+    n = len(keys)
+    rows = layout.pack(
+        tf.constant(emb, tf.float32),
+        tf.constant(slots, tf.float32),
+        tf.ones([n], tf.int32),
+        tf.zeros([n], tf.int32),
+    )
+    group.table.insert(tf.constant(keys, tf.int64), rows)
+
+
+def numpy_step(opt, e, s, g, t):
+    """Reference updates, written from the papers / Keras docs."""
+    kind = opt["type"]
+    lr = opt["learning_rate"]
+    if kind == "sgd":
+        return e - lr * g, s
+    if kind == "adagrad":
+        acc = s + g * g
+        return e - lr * g / (np.sqrt(acc) + 1e-7), acc
+    if kind == "adam":
+        d = e.shape[1]
+        m, v = s[:, :d], s[:, d:]
+        m = 0.9 * m + 0.1 * g
+        v = 0.999 * v + 0.001 * g * g
+        lr_t = lr * np.sqrt(1 - 0.999**t) / (1 - 0.9**t)
+        return e - lr_t * m / (np.sqrt(v) + 1e-7), np.concatenate([m, v], 1)
+    if kind == "ftrl":
+        d = e.shape[1]
+        n, z = s[:, :d], s[:, d:]
+        n_new = n + g * g
+        sigma = (np.sqrt(n_new) - np.sqrt(n)) / lr
+        z = z + g - sigma * e
+        quad = np.sqrt(n_new) / lr + 2 * opt.get("l2", 0.0)
+        l1 = opt.get("l1", 0.0)
+        w = np.where(np.abs(z) > l1, (np.sign(z) * l1 - z) / quad, 0.0)
+        return w, np.concatenate([n_new, z], 1)
+    raise AssertionError(kind)
+
+
+OPTIMIZERS = [
+    ({"type": "sgd", "learning_rate": 0.5}, 0),
+    ({"type": "adagrad", "learning_rate": 0.3}, 1),
+    ({"type": "adam", "learning_rate": 0.1}, 2),
+    ({"type": "ftrl", "learning_rate": 0.2, "l1": 0.01, "l2": 0.1}, 2),
+]
+
+
+@pytest.mark.parametrize("opt,num_slots", OPTIMIZERS, ids=[o["type"] for o, _ in OPTIMIZERS])
+def test_sparse_optimizer_matches_numpy(opt, num_slots):
+    config = make_config(optimizer=opt)
+    model, step = make_model(config)
+    rng = np.random.default_rng(0)
+    keys = np.array([10, 20, 30], np.int64)
+    e = rng.normal(size=(3, 3)).astype(np.float32)
+    s = np.abs(rng.normal(size=(3, 3 * num_slots))).astype(np.float32) + 0.1
+    preset(model, keys, e, s)
+    # Key 10 twice (gradients add up), key 20 once, key 30 unseen (must not change).
+    ids = np.array([10, 20, 10, 20], np.int64)
+    y = np.array([1.0, 0.0, 0.0, 1.0])
+    for t in (1, 2):
+        step(batch(config, {"item": ids}, y))
+        lookup = {k: i for i, k in enumerate(keys)}
+        logits = np.array([e[lookup[k]].sum() for k in ids])
+        per_example = (sigmoid(logits) - y) / len(ids)
+        g = np.zeros_like(e)
+        for k, d in zip(ids, per_example):
+            g[lookup[k]] += d
+        touched = [0, 1]
+        e_new, s_new = e.copy(), s.copy()
+        e_new[touched], s_new[touched] = numpy_step(opt, e[touched], s[touched], g[touched], t)
+        e, s = e_new, s_new
+        rows = model.embedding.groups[0].table.lookup(tf.constant(keys)).numpy()
+        got_e, got_s, count, last = RowLayout(3, num_slots).split_numpy(rows)
+        np.testing.assert_allclose(got_e, e, rtol=2e-5, atol=1e-6)
+        np.testing.assert_allclose(got_s, s, rtol=2e-5, atol=1e-6)
+        np.testing.assert_array_equal(count, [1 + 2 * t, 1 + 2 * t, 1])
+        np.testing.assert_array_equal(last, [t, t, 0])
+
+
+def demo_features():
+    return [
+        {"name": "user", "kind": "categorical", "dtype": "int64", "table": "u"},
+        {"name": "item", "kind": "categorical", "dtype": "string", "table": "i"},
+        {"name": "hist", "kind": "sequence", "dtype": "string", "max_len": 2, "table": "i"},
+        {"name": "tags", "kind": "multi_hot", "dtype": "string", "dim": 4},
+    ]
+
+
+RAW = {
+    "user": np.array([1, 2, 1, 3], np.int64),
+    "item": np.array(["a", "b", "a", "c"], object),
+    "hist": np.array(["b|d|e", "", "a", "f|g"], object),
+    "tags": np.array(["x|y", "y", "", "z|x"], object),
+}
+
+
+def distinct_keys(min_count=1):
+    """Expected keys per logical table, from the raw rows by hand."""
+    counts = {"u": {}, "i": {}, "tags": {}}
+    for value in RAW["user"]:
+        counts["u"][value] = counts["u"].get(value, 0) + 1
+    for value in RAW["item"]:
+        counts["i"][value] = counts["i"].get(value, 0) + 1
+    for value in RAW["hist"]:
+        for token in [t for t in value.split("|") if t][:2]:
+            counts["i"][token] = counts["i"].get(token, 0) + 1
+    for value in RAW["tags"]:
+        for token in [t for t in value.split("|") if t]:
+            counts["tags"][token] = counts["tags"].get(token, 0) + 1
+    return {t: {k for k, c in kc.items() if c >= min_count} for t, kc in counts.items()}
+
+
+def keys_per_logical(model):
+    out = {}
+    for group in model.embedding.groups:
+        keys = group.table.export()[0].numpy()
+        for slot, logical in enumerate(group.spec.logical):
+            out[logical.name] = int(np.sum(slot_of(keys) == slot))
+    return out
+
+
+@pytest.mark.parametrize("fusion", [True, False])
+def test_table_holds_exactly_the_distinct_keys(fusion):
+    tables = {"u": {"dim": 4}, "i": {"dim": 4}}
+    config = make_config(tables=tables, features=demo_features(), fusion=fusion)
+    model, step = make_model(config)
+    step(batch(config, RAW, [1, 0, 1, 0]))
+    expected = distinct_keys()
+    assert keys_per_logical(model) == {t: len(k) for t, k in expected.items()}
+    # Fusion: all three logical tables agree, so they share one physical table.
+    assert len(model.embedding.groups) == (1 if fusion else 3)
+
+
+def test_admission_counts_before_creating_rows():
+    tables = {"u": {"dim": 4}, "i": {"dim": 4, "admission": {"min_count": 2}}}
+    config = make_config(tables=tables, features=demo_features())
+    model, step = make_model(config)
+    step(batch(config, RAW, [1, 0, 1, 0]))
+    after_one = keys_per_logical(model)
+    assert after_one["i"] == len(distinct_keys(min_count=2)["i"])  # a (3x), b (2x)
+    group = next(g for g in model.embedding.groups if g.spec.admission)
+    assert int(group.counters.size()) == len(distinct_keys()["i"] - distinct_keys(2)["i"])
+    step(batch(config, RAW, [1, 0, 1, 0]))  # every key now seen at least twice
+    assert keys_per_logical(model)["i"] == len(distinct_keys()["i"])
+    assert int(group.counters.size()) == 0
+
+
+def test_key_encoding_keeps_slots_apart():
+    ids = tf.constant([0, 5, ID_MASK], tf.int64)
+    a, b = encode(ids, 0).numpy(), encode(ids, 3).numpy()
+    assert set(a).isdisjoint(b)
+    assert (slot_of(b) == 3).all() and (b >= 0).all()
+    np.testing.assert_array_equal(b & ID_MASK, ids.numpy())
