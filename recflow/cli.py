@@ -11,12 +11,22 @@ import json
 import os
 import sys
 import traceback
+from typing import NoReturn
 
-from recflow.errors import RecflowError
+from recflow.errors import RecflowError, one_line
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad arguments print one line, `recflow: ...`, like every user error (exit 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.partition(" ")[2]
+        where = f"{command}: " if command else ""
+        self.exit(2, f"recflow: {where}{one_line(message)} (see `{self.prog} --help`)\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recflow", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="recflow", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(name: str, help: str) -> argparse.ArgumentParser:
@@ -31,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
 
     p = with_config("train", "train (resuming from the latest checkpoint), evaluate, export")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--follow", action="store_true",
+        help="online learning: train on each new file of data.train as it appears, until SIGTERM/Ctrl-C",
+    )
+    p.add_argument("--poll-seconds", type=float, default=1.0, help="with --follow: idle poll interval")
     with_config("evaluate", "evaluate the latest checkpoint; writes metrics.json")
     p = with_config("export", "write a new SavedModel version (or a delta) from the latest checkpoint")
     p.add_argument("--delta", action="store_true", help="write deltas/<step>/ instead")
@@ -56,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load(args):
+def _load(args, check_data: bool = True):
     from recflow.config import load_config
     from recflow.data import check_sources
 
@@ -64,7 +79,8 @@ def _load(args):
     if args.model_dir:
         overrides.append(f"train.model_dir={json.dumps(args.model_dir)}")
     config = load_config(args.config, overrides)
-    check_sources(config)
+    if check_data:
+        check_sources(config)
     return config
 
 
@@ -92,9 +108,26 @@ def _format_metrics(result: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    config = _load(args)
-    trainer = _trainer(config, verbose=0 if args.quiet else 1)
-    result = trainer.run()
+    import signal
+
+    # A stream may start before its first file: with --follow, files are checked as they come.
+    config = _load(args, check_data=not args.follow)
+    trainer = _trainer(config, verbose=0 if (args.quiet or args.follow) else 1)
+    stop = lambda *_: trainer.request_stop()  # noqa: E731
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        if args.follow:
+            from recflow.training.follow import follow
+
+            def report(file, examples, step):
+                print(f"trained {file}: {examples} examples, step {step}", flush=True)
+
+            result = trainer.run(train=lambda: follow(trainer, args.poll_seconds, report))
+        else:
+            result = trainer.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     print(_format_metrics(result))
     print(f"model dir: {trainer.model_dir}   export: {result['export']}")
     return 0
@@ -137,9 +170,10 @@ def cmd_predict(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    config = _load(args)  # before the import below, which loads TensorFlow
     from recflow.embedding.report import format_plan
 
-    print(format_plan(_load(args)))
+    print(format_plan(config))
     return 0
 
 
@@ -152,10 +186,10 @@ def cmd_tables(args) -> int:
 
 
 def cmd_data(args) -> int:
+    if args.rows <= 0:  # before the import below, which loads TensorFlow
+        raise RecflowError(f"--rows: expected a positive integer, got {args.rows}")
     from recflow.data.writer import write_synthetic
 
-    if args.rows <= 0:
-        raise RecflowError(f"--rows: expected a positive integer, got {args.rows}")
     for path in write_synthetic(args.out, args.rows, args.format, schema=args.schema, seed=args.seed):
         print(path)
     return 0
@@ -205,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RECFLOW_DEBUG"):
             traceback.print_exc()
         if message is not None:
-            print(f"recflow: {message}", file=sys.stderr)
+            print(f"recflow: {one_line(message)}", file=sys.stderr)
             return 2
         if not os.environ.get("RECFLOW_DEBUG"):
             traceback.print_exc()

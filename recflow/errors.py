@@ -3,8 +3,22 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    """`text` with line breaks and other unprintable characters escaped, as `repr` does."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 class RecflowError(Exception):
-    """A mistake the user can fix (bad config, bad arguments, unreadable data)."""
+    """A mistake the user can fix (bad config, bad arguments, unreadable data).
+
+    Its `str` is always one line: names taken from a file (keys, columns) may hold
+    line breaks, which are escaped.
+    """
+
+    def __str__(self) -> str:
+        return one_line(super().__str__())
 
 
 class ConfigError(RecflowError):
@@ -27,7 +41,7 @@ class ConfigError(RecflowError):
 
     def __str__(self) -> str:
         parts = [p for p in (self.file, self.path) if p]
-        return ": ".join(parts + [self.message])
+        return one_line(": ".join(parts + [self.message]))
 
 
 class DataError(RecflowError):

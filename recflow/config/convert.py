@@ -8,6 +8,8 @@ carries the dotted path of the offending value.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import types
 import typing
 from typing import Any, Literal, Union
@@ -70,7 +72,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(path, f"expected {_type_name(tp)}, got null")
     if origin is Literal:
         allowed = typing.get_args(tp)
-        if value not in allowed:
+        # Compare types too: `true` and `1.0` are not the literal 1.
+        if not any(type(value) is type(a) and value == a for a in allowed):
             raise ConfigError(
                 path, f"expected one of {', '.join(repr(a) for a in allowed)}, got {_describe(value)}"
             )
@@ -86,6 +89,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(path, f"expected a number, got {_describe(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(path, f"expected a finite number, got {_describe(value)}")
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -93,6 +98,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
         return value
     if origin is tuple:
         (item_tp, _ellipsis) = typing.get_args(tp)
+        if isinstance(value, dict):
+            raise ConfigError(path, f"expected a list, got {_describe(value)}")
         if not isinstance(value, list):
             value = [value]  # a scalar stands for a one-element list
         return tuple(convert(v, item_tp, f"{path}[{i}]") for i, v in enumerate(value))
@@ -111,6 +118,12 @@ def convert(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} at {path}")
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    # get_type_hints evaluates the string annotations: slow, and the same every time.
+    return typing.get_type_hints(cls)
+
+
 def from_dict(cls: type, value: Any, path: str = "") -> Any:
     """Builds dataclass `cls` from a mapping; unknown keys are errors."""
     if not isinstance(value, dict):
@@ -119,7 +132,7 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
     if disc is not None and cls.__dict__.get("__discriminator__") is not None:
         key, choices = disc
         kind = value.get(key)
-        if kind not in choices:
+        if not isinstance(kind, str) or kind not in choices:  # a list or mapping is unhashable
             where = f"{path}.{key}" if path else key
             if kind is None:
                 raise ConfigError(where, f"missing; expected one of {', '.join(map(repr, choices))}")
@@ -127,7 +140,7 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
                 where, f"expected one of {', '.join(map(repr, choices))}, got {_describe(kind)}"
             )
         cls = choices[kind]
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, item in value.items():
@@ -148,7 +161,7 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
         try:
             check()
         except ConfigError as e:
-            raise ConfigError(f"{path}.{e.path}" if path and e.path else (e.path or path), e.message)
+            raise ConfigError(f"{path}.{e.path}" if path and e.path else (e.path or path), e.message) from None
     return obj
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 
@@ -78,6 +79,8 @@ def read_yaml(path: str) -> dict:
             text = f.read()
     except OSError as e:
         raise RecflowError(f"{path}: cannot read config ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise RecflowError(f"{path}: cannot read config (not UTF-8 text at byte {e.start})") from None
     try:
         raw = yaml.safe_load(text)
     except yaml.MarkedYAMLError as e:

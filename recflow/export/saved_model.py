@@ -32,7 +32,6 @@ class ServingModule(tf.Module):
         super().__init__(name="recflow_serving")
         config = model.config
         engine = model.embedding
-        self.dense_variables = list(model.variables)
         self.tables = []
         dims = []
         for group in engine.groups:
@@ -66,6 +65,9 @@ class ServingModule(tf.Module):
             f.name: tf.TensorSpec([None], serving_dtype(f), name=f.name) for f in config.features
         }
         self.serve = tf.function(serve, input_signature=[signature])
+        self.serving_default = self.serve.get_concrete_function()
+        # Traced first: a model restored without a step creates its weights here.
+        self.dense_variables = list(model.variables)
 
 
 def _buckets(n: int) -> int:
@@ -91,7 +93,7 @@ def export_saved_model(model: RankingModel, model_dir: str, keep: int | None = N
     module = ServingModule(model)
     with staged_dir(final) as tmp:
         tf.saved_model.save(
-            module, tmp, signatures={"serving_default": module.serve.get_concrete_function()}
+            module, tmp, signatures={"serving_default": module.serving_default}
         )
         extra = os.path.join(tmp, "assets.extra")
         os.makedirs(extra, exist_ok=True)

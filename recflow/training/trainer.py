@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
@@ -34,6 +36,16 @@ def make_dense_optimizer(config: DenseOptimizerConfig) -> keras.optimizers.Optim
     return _DENSE_OPTIMIZERS[config.type](learning_rate=config.learning_rate)
 
 
+def saved_value(checkpoint_dir: str, name: str):
+    """A top-level variable of the latest checkpoint, read without building a model."""
+    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    if latest is None:
+        return None
+    reader = tf.train.load_checkpoint(latest)
+    key = f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+    return reader.get_tensor(key) if key in reader.get_variable_to_shape_map() else None
+
+
 class Trainer:
     """Trains, evaluates and exports one model dir.
 
@@ -53,13 +65,27 @@ class Trainer:
         self._checkpoint = None
         self._manager = None
         self._last_delta_step = 0
+        self._saved_step = -1
+        self._step_fn = None
+        self._writer = None
+        self.stop_requested = False
 
     # ------------------------------------------------------------------ input
 
-    def dataset(self, split: str, epochs: int | None, shuffle: bool | None = None):
-        """Batches of (transformed features, labels, bad-record count)."""
+    def dataset(self, split: str, epochs: int | None, shuffle: bool | None = None, files=None):
+        """Batches of (transformed features, labels, bad-record count).
+
+        `files` reads those files instead of the configured split.
+        """
         config = self.config
-        ds = data_lib.make_dataset(config, split, epochs=epochs, shuffle=shuffle)
+        if files is not None:
+            ds = data_lib.make_file_dataset(config, files, epochs=epochs, shuffle=shuffle)
+        else:
+            ds = data_lib.make_dataset(config, split, epochs=epochs, shuffle=shuffle)
+        return self._transformed(ds)
+
+    def _transformed(self, ds):
+        config = self.config
         ds = ds.map(
             lambda f, labels, bad: (transform(config, f), labels, bad),
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -72,10 +98,11 @@ class Trainer:
     def checkpoint_dir(self) -> str:
         return os.path.join(self.model_dir, "checkpoints")
 
-    def _open(self, iterator=None) -> None:
-        """Creates the checkpoint (dense + tables + input position) and restores the latest."""
+    def _open(self, iterator=None, restore: bool = True, **extra) -> None:
+        """Creates the checkpoint (dense + tables + input position + `extra`);
+        restores the latest one when `restore`."""
         model = self.model
-        objects = {"model": model, "optimizer": model.optimizer}
+        objects = {"model": model, "optimizer": model.optimizer, **extra}
         if iterator is not None:
             objects["iterator"] = iterator
         self._checkpoint = tf.train.Checkpoint(**objects)
@@ -83,9 +110,10 @@ class Trainer:
             self._checkpoint, self.checkpoint_dir, max_to_keep=self.config.train.keep_checkpoints
         )
         latest = self._manager.latest_checkpoint
-        if latest:
+        if latest and restore:
             self._checkpoint.restore(latest).expect_partial()
-            logger.info("restored %s at step %d", latest, int(model.global_step))
+            self._saved_step = int(model.global_step)
+            logger.info("restored %s at step %d", latest, self._saved_step)
         state = os.path.join(self.model_dir, "deltas")
         if os.path.isdir(state):
             steps = [int(d) for d in os.listdir(state) if d.isdigit()]
@@ -103,10 +131,16 @@ class Trainer:
         evicted = lifecycle.evict(self.model.embedding, step)
         if any(evicted.values()):
             logger.info("step %d: evicted %s", step, evicted)
-        return self._manager.save(checkpoint_number=step)
+        path = self._manager.save(checkpoint_number=step)
+        self._saved_step = step
+        return path
 
     def write_delta(self) -> str:
+        """Writes `deltas/<step>/`: rows updated since the previous delta (kept if up to date)."""
         step = int(self.model.global_step)
+        existing = os.path.join(self.model_dir, "deltas", str(step))
+        if step == self._last_delta_step and os.path.isdir(existing):
+            return existing
         path = lifecycle.write_delta(
             self.model.embedding, os.path.join(self.model_dir, "deltas"), self._last_delta_step, step
         )
@@ -119,46 +153,90 @@ class Trainer:
     # ------------------------------------------------------------------ train
 
     def fit(self) -> dict:
-        """Trains to `train.steps` / `train.epochs` (totals), resuming from the latest checkpoint."""
+        """Trains to `train.steps` / `train.epochs` (totals), resuming from the latest checkpoint.
+
+        Each epoch is its own input pass (shuffled with `data.seed + epoch`); the
+        checkpoint holds the epoch and the position inside it.
+        """
         config = self.config
+        self.prepare_model_dir()
+        epochs = config.train.total_epochs  # None: as many as `train.steps` needs
+        epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+        saved = saved_value(self.checkpoint_dir, "epoch")
+        epoch.assign(0 if saved is None else int(saved))
+        iterator = iter(self.epoch_dataset(int(epoch)))
+        self._open(iterator, epoch=epoch)
+        began, start = time.perf_counter(), int(self.model.global_step)
+        examples = 0
+        while not self.stop_requested:
+            examples += self.run_steps(iterator, target=config.train.steps)
+            done_steps = config.train.steps is not None and self.model.global_step >= config.train.steps
+            if done_steps or self.stop_requested:
+                break
+            epoch.assign_add(1)  # the pass ended
+            if epochs is not None and int(epoch) >= epochs:
+                break
+            iterator = iter(self.epoch_dataset(int(epoch)))
+            self._open(iterator, restore=False, epoch=epoch)
+        return self.finish(examples, time.perf_counter() - began, start)
+
+    def epoch_dataset(self, epoch: int):
+        """One pass over the training data, shuffled differently each epoch."""
+        data = dataclasses.replace(self.config.data, seed=self.config.data.seed + epoch)
+        config = dataclasses.replace(self.config, data=data)
+        ds = data_lib.make_dataset(config, "train", epochs=1)
+        return self._transformed(ds)
+
+    def prepare_model_dir(self) -> None:
         os.makedirs(self.model_dir, exist_ok=True)
-        dump_config(config, os.path.join(self.model_dir, "config.yaml"))
-        iterator = iter(self.dataset("train", epochs=config.train.total_epochs))
-        self._open(iterator)
-        model = self.model
-        step_fn = tf.function(model.train_step, input_signature=[iterator.element_spec])
-        writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
-        target = config.train.steps
+        dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
+
+    def request_stop(self) -> None:
+        """Asks the loop to stop after the current step (signal handlers call this)."""
+        self.stop_requested = True
+
+    def run_steps(self, iterator, target: int | None = None) -> int:
+        """Trains on `iterator` until it ends, `target` steps, or a stop request.
+
+        Runs the checkpoint, delta and export hooks on schedule; returns the
+        number of examples trained.
+        """
+        config, model = self.config, self.model
+        if self._step_fn is None:
+            self._step_fn = tf.function(model.train_step, input_signature=[iterator.element_spec])
+            self._writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
         step = start = int(model.global_step)
-        saved_step = step if self._manager.latest_checkpoint else -1
         progbar = keras.utils.Progbar(target, verbose=self.verbose, stateful_metrics=["loss"])
         every = config.train.checkpoint_every_steps
         export_every = config.export.every_steps
         delta_every = config.export.delta_every_steps
-        examples, began = 0, time.perf_counter()
-        while target is None or step < target:
+        examples = 0
+        while (target is None or step < target) and not self.stop_requested:
             try:
                 batch = next(iterator)
             except StopIteration:
                 break
-            loss = float(step_fn(batch)["loss"])
+            loss = float(self._step_fn(batch)["loss"])
             step += 1
             examples += int(tf.shape(batch[1][config.labels[0]])[0])
             progbar.update(step if target else step - start, [("loss", loss)])
             if step % config.train.log_every_steps == 0:
-                with writer.as_default(step=step):
+                with self._writer.as_default(step=step):
                     tf.summary.scalar("loss", loss)
             if every and step % every == 0:
                 self.save_checkpoint()
-                saved_step = step
             if delta_every and step % delta_every == 0:
                 self.write_delta()
             if export_every and step % export_every == 0:
                 self.export()
-        elapsed = time.perf_counter() - began
-        if saved_step != step:
+        return examples
+
+    def finish(self, examples: int, elapsed: float, start_step: int) -> dict:
+        """Final checkpoint (with eviction) unless one was just written; a summary."""
+        step = int(self.model.global_step)
+        if self._saved_step != step:
             self.save_checkpoint()
-        if self.verbose:
+        if self.verbose and step > start_step:
             print()
         return {
             "steps": step,
@@ -174,12 +252,15 @@ class Trainer:
         config = self.config
         split = "eval" if (config.data.eval or config.data.format == "synthetic") else "train"
         model = self.model
-        predict = tf.function(lambda f: model(f, training=False))
+        dataset = self.dataset(split, epochs=1, shuffle=False)
+        predict = tf.function(
+            lambda f: model(f, training=False), input_signature=[dataset.element_spec[0]]
+        )
         group_by = config.task.group_by
         labels = {h.label: [] for h in model.heads}
         preds = {h.output: [] for h in model.heads}
         groups, bad = [], 0
-        for features, batch_labels, batch_bad in self.dataset(split, epochs=1, shuffle=False):
+        for features, batch_labels, batch_bad in dataset:
             out = predict(features)
             for head in model.heads:
                 labels[head.label].append(batch_labels[head.label].numpy())
@@ -200,15 +281,20 @@ class Trainer:
         result["eval_bad_records"] = bad
         return result
 
-    def run(self) -> dict:
-        """train -> evaluate -> export -> metrics.json; returns the metrics."""
-        summary = self.fit()
-        result = self.evaluate()
+    def run(self, train: Callable[[], dict] | None = None) -> dict:
+        """train -> evaluate -> export -> metrics.json; returns the metrics.
+
+        `train` replaces `fit` (e.g. streaming training); evaluation then runs
+        only when `data.eval` is set.
+        """
+        summary = (train or self.fit)()
+        evaluate = train is None or self.config.data.eval
+        result = self.evaluate() if evaluate else {"eval_bad_records": 0}
         result.update(summary)
         result["bad_records"] = int(self.model.bad_records) + result.pop("eval_bad_records")
-        oracle = data_lib.oracle_auc_for(self.config)
-        if oracle is not None:
-            result["oracle_auc"] = round(oracle, 6)
+        if self.config.data.format == "synthetic":
+            oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
+            result["oracle_auc"] = round(float(oracle), 6)
         result["export"] = self.export()
         writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
         with writer.as_default(step=result["steps"]):

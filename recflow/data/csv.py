@@ -1,0 +1,150 @@
+"""CSV files -> batches, validated in-graph, one vectorized map per batch.
+
+Lines are read with `TextLineDataset`, numbered (the header is line 1), shuffled
+if asked, batched, and then checked as a whole batch:
+
+    lines  ['3299, 235,"Ed Wood, 1994",4.5', '517,105,"Bridges",x']   [batch]
+      -> one regex: the field count and the quoting  (a comma in quotes is no delimiter)
+      -> tf.io.decode_csv of the needed columns, strip, check and convert each one
+      -> ({"user_id": [3299], "title": ["Ed Wood, 1994"], ...}, labels, bad=1)
+
+A malformed line (wrong field count, bad quoting, a number column that is not a
+number, an int64 id that is not an integer, an empty or non-numeric label) is
+dropped and counted (`on_bad_record: skip`) or stops the input with
+`recflow-bad-record: {file}: line {n}: {reason}` (`fail`). Blank lines are
+ignored. A quoted field cannot span lines: such a record reads as two bad lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from recflow.config.schema import Config
+from recflow.data import pipeline, sources
+from recflow.data.sources import FLOAT, INT64, LABEL, STRING
+from recflow.errors import DataError
+
+_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+_NUMBER_OR_SPECIAL = _NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" reads as missing
+_INT64 = r"-?(?:\d{1,18}|[0-8]\d{18})"  # every match fits in int64
+_QUOTED = r'"(?:[^"]|"")*"'
+_MAX_REPEAT = 1000  # RE2's largest {n}
+
+
+def _char_re(char: str) -> str:
+    return "".join(f"\\x{{{ord(c):x}}}" for c in char)
+
+
+def dataset(
+    config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool
+) -> tf.data.Dataset:
+    """The CSV dataset of `files` (see `recflow.data.make_file_dataset`).
+
+    Raises:
+        DataError: the files' header lines differ, or a needed column is missing.
+    """
+    options = config.data.csv
+    header = sources.read_header(files[0], options)
+    for file in files[1:]:
+        if sources.read_header(file, options) != header:
+            raise DataError(f"{file}: the header differs from that of {files[0]}")
+    position: dict[str, int] = {}
+    for i, name in enumerate(header):
+        position.setdefault(name, i)
+    uses = pipeline.unique(sources.needs(config))
+    sources.check_columns(files[0], header, uses)
+    selected = sorted({position[u.column] for u in uses})
+    slot = {index: k for k, index in enumerate(selected)}
+    skip = 1 if options.header else 0
+
+    records = pipeline.numbered(
+        files,
+        lambda name: tf.data.TextLineDataset(name).skip(skip),
+        first=skip + 1,
+        shuffle=shuffle,
+        seed=config.data.seed,
+    )
+    ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
+    delimiter = options.delimiter
+    width = len(header)
+    structure = _structure_check(delimiter, width)
+
+    def parse(keys, lines):
+        present = tf.strings.length(tf.strings.strip(lines)) > 0
+        well_formed = structure(lines)
+
+        def why(i):
+            unquoted = tf.strings.regex_replace(lines[i], _QUOTED, "")
+            count = tf.size(tf.strings.split(unquoted, sep=delimiter))
+            wrong = tf.strings.join([f"expected {width} fields, got ", tf.strings.as_string(count)])
+            return tf.where(tf.equal(count, width), "malformed quotes", wrong)
+
+        checks = [(well_formed, why)]
+        safe = tf.where(well_formed, lines, delimiter * (width - 1))
+        fields = tf.io.decode_csv(
+            safe,
+            record_defaults=[""] * len(selected),
+            field_delim=delimiter,
+            use_quote_delim=True,
+            select_cols=selected,
+        )
+        decoded = {}
+        for use in uses:
+            value, check = _convert(fields[slot[position[use.column]]], use)
+            decoded[use.key] = value
+            if check is not None:
+                checks.append(check)
+        keep, bad, deps = pipeline.screen(
+            checks,
+            present,
+            config.data.on_bad_record,
+            pipeline.locator(files, keys, "line"),
+        )
+        return pipeline.outputs(config, decoded, bad, keep, deps)
+
+    return pipeline.finish(ds, parse)
+
+
+def _structure_check(delimiter: str, width: int):
+    """Lines -> [batch] bool: `width` fields, each unquoted or properly quoted."""
+    d = _char_re(delimiter)
+    field = rf'(?:{_QUOTED}|[^"{d}]*)'
+    if width - 1 <= _MAX_REPEAT:  # one regex pass checks the quoting and the field count
+        pattern = field if width == 1 else rf"{field}(?:{d}{field}){{{width - 1}}}"
+        return lambda lines: tf.strings.regex_full_match(lines, pattern)
+    pattern = rf"{field}(?:{d}{field})*"
+
+    def check(lines):
+        unquoted = tf.strings.regex_replace(lines, _QUOTED, "")
+        count = tf.strings.split(unquoted, sep=delimiter).row_lengths()
+        return tf.strings.regex_full_match(lines, pattern) & tf.equal(count, width)
+
+    return check
+
+
+def _convert(raw: tf.Tensor, use: sources.Need) -> tuple[tf.Tensor, pipeline.Check | None]:
+    """Strips and converts one column; returns the value and its validity check."""
+    text = tf.strings.strip(raw)
+    if use.kind == STRING:
+        return text, None
+    empty = tf.equal(text, "")
+    if use.kind == INT64:
+        valid = empty | tf.strings.regex_full_match(text, _INT64)
+        value = tf.strings.to_number(tf.where(valid & ~empty, text, "-1"), tf.int64)
+        return value, (valid, _reason(use, "an integer", text))
+    pattern = _NUMBER_OR_SPECIAL if use.kind == FLOAT else _NUMBER
+    valid = tf.strings.regex_full_match(text, pattern)
+    if use.kind == LABEL:
+        value = tf.strings.to_number(tf.where(valid, text, "0"), tf.float32)
+        return value, (valid, _reason(use, "a number", text))
+    value = tf.strings.to_number(tf.where(valid, text, "nan"), tf.float32)
+    return value, (valid | empty, _reason(use, "a number", text))
+
+
+def _reason(use: sources.Need, expected: str, text: tf.Tensor):
+    prefix = "label" if use.kind == LABEL else "column"
+    return lambda i: tf.strings.join(
+        [f"{prefix} '{use.column}': expected {expected}, got '", text[i], "'"]
+    )

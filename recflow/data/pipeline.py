@@ -1,0 +1,298 @@
+"""Input pipelines: files or synthetic rows -> batches of `(features, labels, bad)`.
+
+Every pipeline is built from checkpointable tf.data ops only (no generators, no
+`py_function`), so `tf.train.Checkpoint(iterator=iter(ds))` saves the input
+position. The element of a dataset:
+
+    features: {feature name: [batch] tensor in the raw serving form}
+              categorical int64 -> int64 (-1 when empty); categorical string,
+              multi_hot and sequence -> string ("a|b|c"); numeric -> float32
+              (NaN when empty or missing)
+    labels:   {label name: [batch] float32}
+    bad:      int64 scalar, malformed records dropped from this batch
+
+Batches hold `data.batch_size` records; the last one, and batches that lost
+malformed records, are smaller. With shuffle off the order is the file order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Callable
+
+import numpy as np
+import tensorflow as tf
+
+from recflow.config.schema import Config, DataConfig
+from recflow.data import sources
+from recflow.data.sources import INT64, LABEL, STRING, Need
+from recflow.errors import DataError
+
+AUTOTUNE = tf.data.AUTOTUNE
+FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
+# A validity check of a batch: (ok [batch] bool, row index -> scalar reason string).
+Check = tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]
+
+
+def make_dataset(
+    config: Config, split: str, *, epochs: int | None, shuffle: bool | None = None
+) -> tf.data.Dataset:
+    """The dataset of a split of the configured data.
+
+    Args:
+        config: the run config (`data` section, features and labels).
+        split: "train" or "eval".
+        epochs: passes over the data; None repeats forever.
+        shuffle: defaults to `data.shuffle` for train and False for eval.
+
+    Raises:
+        DataError: no files, a missing column, or no `data.eval` for split "eval".
+    """
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    if shuffle is None:
+        shuffle = config.data.shuffle if split == "train" else False
+    if config.data.format == "synthetic":
+        sources.check_synthetic(config)
+        return synthetic_dataset(config, split, epochs=epochs, shuffle=shuffle)
+    patterns = config.data.train if split == "train" else config.data.eval
+    if not patterns:
+        raise DataError(f"data.{split}: not set")
+    files = sources.expand(patterns, f"data.{split}")
+    return make_file_dataset(config, files, epochs=epochs, shuffle=shuffle)
+
+
+def make_file_dataset(
+    config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool | None = None
+) -> tf.data.Dataset:
+    """The dataset of explicit files of the configured format, in the given order.
+
+    Args:
+        config: the run config; `data.format` selects the reader.
+        files: the files; with shuffle off they are read in this order.
+        epochs: passes over the files; None repeats forever.
+        shuffle: defaults to `data.shuffle`.
+    """
+    files = [str(f) for f in files]
+    if not files:
+        raise DataError("no data files to read")
+    shuffle = config.data.shuffle if shuffle is None else shuffle
+    sources.check_files(config, files)
+    fmt = config.data.format
+    if fmt == "csv":
+        from recflow.data import csv as reader
+    elif fmt == "tfrecord":
+        from recflow.data import tfrecord as reader
+    elif fmt == "parquet":
+        from recflow.data import parquet as reader
+    else:
+        raise DataError(f"data.format: {fmt!r} has no files; use make_dataset")
+    return reader.dataset(config, files, epochs=epochs, shuffle=shuffle)
+
+
+def synthetic_dataset(
+    config: Config, split: str, *, epochs: int | None, shuffle: bool
+) -> tf.data.Dataset:
+    """The synthetic rows of a split, generated once and sliced."""
+    from recflow.data import synthetic
+
+    columns, _ = synthetic.generate(config.data.synthetic, split)
+    uses = unique(sources.needs(config))
+    where = f"synthetic schema '{config.data.synthetic.schema}'"
+    # Shuffle and batch row indices, then gather whole batches: no per-row tensors.
+    data = {c: tf.constant(np.asarray(columns[c])) for c in {u.column for u in uses}}
+    rows = len(next(iter(columns.values())))
+    ds = batched(tf.data.Dataset.range(rows), config.data, shuffle=shuffle, epochs=epochs)
+
+    def convert(index):
+        decoded = {u.key: typed(tf.gather(data[u.column], index), u, where) for u in uses}
+        return outputs(config, decoded, tf.constant(0, tf.int64))
+
+    return finish(ds, convert)
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def unique(uses: Sequence[Need]) -> list[Need]:
+    """The uses with distinct keys, in first-use order."""
+    seen: dict = {}
+    for use in uses:
+        seen.setdefault(use.key, use)
+    return list(seen.values())
+
+
+def numbered(
+    files: Sequence[str],
+    reader: Callable[[tf.Tensor], tf.data.Dataset],
+    *,
+    first: int,
+    shuffle: bool,
+    seed: int,
+) -> tf.data.Dataset:
+    """Records of all files as `(key, record)`, key = file index * FILE_STRIDE + number.
+
+    Packing the file index into the record number keeps the element small (no
+    per-record zip or map); `locator` unpacks it for messages.
+
+    Args:
+        files: file names.
+        reader: file name tensor -> dataset of records.
+        first: the number of the first record of a file (e.g. 2 after a header line).
+        shuffle: shuffle the file order (each epoch) and read 4 files interleaved;
+            otherwise read the files one after the other.
+        seed: the shuffle seed.
+    """
+    if len(files) == 1:
+        return reader(tf.constant(files[0])).enumerate(start=first)
+    ds = tf.data.Dataset.from_tensor_slices(
+        (tf.range(len(files), dtype=tf.int64), tf.constant(list(files)))
+    )
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+
+    def one_file(index, name):
+        return reader(name).enumerate(start=index * FILE_STRIDE + first)
+
+    return ds.interleave(one_file, cycle_length=min(len(files), 4) if shuffle else 1)
+
+
+def batched(
+    ds: tf.data.Dataset, data: DataConfig, *, shuffle: bool, epochs: int | None
+) -> tf.data.Dataset:
+    """Shuffles records (seeded buffer), repeats, batches."""
+    if shuffle:
+        ds = ds.shuffle(data.shuffle_buffer, seed=data.seed, reshuffle_each_iteration=True)
+    if epochs is None or epochs != 1:
+        ds = ds.repeat(epochs)
+    return ds.batch(data.batch_size)
+
+
+def finish(ds: tf.data.Dataset, fn: Callable) -> tf.data.Dataset:
+    """The vectorized per-batch map (parallel, order kept) and prefetch."""
+    return ds.map(fn, num_parallel_calls=AUTOTUNE, deterministic=True).prefetch(AUTOTUNE)
+
+
+def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
+    """Converts a typed column ([batch], or ragged [batch, None]) to its raw form.
+
+    A ragged column (a TFRecord list) gives its first value, or the default when
+    empty; for a multi_hot/sequence feature its values are joined instead.
+
+    Raises:
+        DataError: the stored type cannot give the needed one (strings for a number).
+    """
+    ragged = isinstance(x, tf.RaggedTensor)
+    dtype = x.dtype
+    if use.kind == STRING:
+        if dtype != tf.string:
+            x = tf.strings.as_string(x)
+        if ragged and use.separator is not None:
+            return tf.strings.reduce_join(x, axis=1, separator=use.separator)
+        return _first(x, "") if ragged else x
+    if dtype == tf.string or not (dtype.is_integer or dtype.is_floating or dtype == tf.bool):
+        expected = "int64" if use.kind == INT64 else "numbers"
+        raise DataError(
+            f"{where}: column '{use.column}' holds {dtype.name} values, but {use.who} expects {expected}"
+        )
+    if use.kind == INT64:
+        if not dtype.is_integer:
+            raise DataError(
+                f"{where}: column '{use.column}' holds {dtype.name} values, but {use.who} expects int64"
+            )
+        x = tf.cast(x, tf.int64)
+        return _first(x, -1) if ragged else x
+    x = tf.cast(x, tf.float32)
+    return _first(x, float("nan")) if ragged else x
+
+
+def _first(x: tf.RaggedTensor, default) -> tf.Tensor:
+    return x[:, :1].to_tensor(default_value=default, shape=[None, 1])[:, 0]
+
+
+def label_checks(config: Config, decoded: dict) -> list[Check]:
+    """Checks that each label of a typed batch is a number (not NaN)."""
+    checks = []
+    for label in config.labels:
+        value = decoded[(label, LABEL, None)]
+        checks.append(
+            (
+                ~tf.math.is_nan(value),
+                lambda i, label=label: tf.constant(f"label '{label}' is missing"),
+            )
+        )
+    return checks
+
+
+def screen(
+    checks: Sequence[Check],
+    present: tf.Tensor,
+    on_bad: str,
+    locate: Callable[[tf.Tensor], tf.Tensor],
+) -> tuple[tf.Tensor, tf.Tensor, list]:
+    """Applies the validity checks of a batch.
+
+    Args:
+        checks: (ok, reason) pairs; a record is malformed when one ok is False.
+        present: [batch] bool, False for records that are silently ignored (blank lines).
+        on_bad: "skip" (drop and count malformed records) or "fail".
+        locate: row index -> scalar string like `file: line 7`.
+
+    Returns:
+        (keep [batch] bool, number of dropped malformed records, control deps).
+        With "fail" the control dep is an assertion whose message is
+        `recflow-bad-record: {file}: line {n}: {reason}` for the first bad record.
+    """
+    ok = (
+        tf.reduce_all(tf.stack([c for c, _ in checks]), axis=0) if checks else tf.ones_like(present)
+    )
+    if on_bad == "skip":
+        keep = present & ok
+        return keep, tf.reduce_sum(tf.cast(present & ~ok, tf.int64)), []
+    fine = ok | ~present
+    first = tf.argmin(tf.cast(fine, tf.int32), output_type=tf.int32)
+    reason = tf.constant("")
+    for valid, why in reversed(checks):
+        reason = tf.where(valid[first], reason, why(first))
+    message = tf.strings.join([sources.BAD_RECORD_TAG, locate(first), ": ", reason])
+    assertion = tf.debugging.Assert(tf.reduce_all(fine), [message], summarize=1)
+    return present, tf.constant(0, tf.int64), [assertion]
+
+
+def outputs(
+    config: Config, decoded: dict, bad: tf.Tensor, keep: tf.Tensor | None = None, deps=()
+) -> tuple:
+    """Builds `(features, labels, bad)` from decoded columns keyed by `Need.key`.
+
+    Rows where `keep` is False are dropped (no copy when every row is kept); the
+    outputs wait for `deps` (the bad-record assertion).
+    """
+    keys = list(decoded)
+    with tf.control_dependencies(list(deps)):
+        values = [tf.identity(decoded[k]) for k in keys]
+        if keep is not None:
+            values = tf.cond(
+                tf.reduce_all(keep),
+                lambda: [tf.identity(v) for v in values],
+                lambda: [tf.boolean_mask(v, keep) for v in values],
+            )
+        bad = tf.identity(bad)
+    column = dict(zip(keys, values))
+    uses = sources.needs(config)
+    features = {f.name: column[use.key] for f, use in zip(config.features, uses)}
+    labels = {label: column[(label, LABEL, None)] for label in config.labels}
+    return features, labels, bad
+
+
+def locator(files: Sequence[str], keys: tf.Tensor, unit: str) -> Callable:
+    """Row -> `{file}: {unit} {number}` for messages, from `numbered` keys."""
+    names = tf.constant(list(files))
+
+    def locate(i):
+        name = tf.gather(names, keys[i] // FILE_STRIDE)
+        return tf.strings.join([name, f": {unit} ", tf.strings.as_string(keys[i] % FILE_STRIDE)])
+
+    return locate
+
+
+__all__ = ["make_dataset", "make_file_dataset"]

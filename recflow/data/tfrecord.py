@@ -1,0 +1,96 @@
+"""TFRecord files of `tf.train.Example` -> batches, parsed with `tf.io.parse_example`.
+
+One Example per row and one feature per column: int64 ids as `int64_list`,
+numbers and labels as `float_list`, everything else as `bytes_list` (what
+`recflow.data.writer` writes). The list type of each column is read from the
+first record of the first file, so an int64 column also serves a string feature.
+A scalar column holds at most one value (else parsing fails).
+A missing numeric value reads as NaN, a missing id as -1, a missing string as "";
+a multi_hot/sequence column stored as a list of several values is joined with the
+feature's separator. A record without a label is malformed (`on_bad_record`);
+messages name it as `{file}: record {n}` (1-based).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+import tensorflow as tf
+
+from recflow.config.schema import Config
+from recflow.data import pipeline, sources
+from recflow.data.sources import INT64, STRING
+from recflow.errors import DataError
+
+_NATURAL = {INT64: tf.int64, STRING: tf.string}  # other kinds: float32
+_DEFAULTS = {tf.int64: -1, tf.string: "", tf.float32: float("nan")}
+_LIST_DTYPES = {"int64_list": tf.int64, "float_list": tf.float32, "bytes_list": tf.string}
+
+
+def stored_dtypes(file: str) -> dict[str, tf.DType]:
+    """Column -> dtype of its list in the first record of `file` (empty for an empty file).
+
+    Reads the record framing in Python (no TensorFlow op), so this also works
+    while a dataset function is being traced.
+    """
+    try:
+        with open(file, "rb") as f:
+            head = f.read(12)  # uint64 length, uint32 masked CRC of the length
+            payload = f.read(struct.unpack("<Q", head[:8])[0]) if len(head) == 12 else b""
+    except OSError as e:
+        raise DataError(f"{file}: cannot read ({e.strerror})") from None
+    if not payload:
+        return {}
+    try:
+        example = tf.train.Example.FromString(payload)
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError type depends on its version
+        raise DataError(f"{file}: the first record is not a tf.train.Example") from None
+    result = {}
+    for name, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        if kind in _LIST_DTYPES:
+            result[name] = _LIST_DTYPES[kind]
+    return result
+
+
+def dataset(
+    config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool
+) -> tf.data.Dataset:
+    """The TFRecord dataset of `files` (see `recflow.data.make_file_dataset`)."""
+    uses = pipeline.unique(sources.needs(config))
+    stored = stored_dtypes(files[0])
+    dtypes: dict[str, tf.DType] = {}
+    ragged: set[str] = set()
+    for use in uses:
+        natural = _NATURAL.get(use.kind, tf.float32)
+        dtype = dtypes.setdefault(use.column, stored.get(use.column, natural))
+        if dtype != natural or use.separator is not None:
+            ragged.add(use.column)  # a list to join, or a type to convert
+        # Fail now, naming the file, when the stored type cannot serve this use.
+        pipeline.typed(tf.ragged.constant([[]], dtype=dtype), use, files[0])
+    parse_spec = {
+        column: tf.io.RaggedFeature(dtype)
+        if column in ragged
+        else tf.io.FixedLenFeature([], dtype, default_value=_DEFAULTS[dtype])
+        for column, dtype in dtypes.items()
+    }
+
+    records = pipeline.numbered(
+        files, tf.data.TFRecordDataset, first=1, shuffle=shuffle, seed=config.data.seed
+    )
+    ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
+
+    def parse(keys, serialized):
+        parsed = tf.io.parse_example(serialized, parse_spec)
+        decoded = {use.key: pipeline.typed(parsed[use.column], use, files[0]) for use in uses}
+        present = tf.ones_like(keys, dtype=tf.bool)
+        keep, bad, deps = pipeline.screen(
+            pipeline.label_checks(config, decoded),
+            present,
+            config.data.on_bad_record,
+            pipeline.locator(files, keys, "record"),
+        )
+        return pipeline.outputs(config, decoded, bad, keep, deps)
+
+    return pipeline.finish(ds, parse)

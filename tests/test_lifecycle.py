@@ -1,0 +1,134 @@
+"""Admission, eviction, deltas and `recflow tables`, checked against counts from the raw rows."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+from recflow.cli import main
+from recflow.data.writer import write_columns
+
+ROWS, BATCH = 64, 8  # 8 steps, file order kept (shuffle: false)
+
+
+def raw_rows(seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        "click": rng.integers(0, 2, ROWS),
+        "user": rng.integers(0, 40, ROWS).astype(np.int64),
+        "item": np.array([f"i{k}" for k in rng.integers(0, 30, ROWS)], dtype=object),
+    }
+
+
+def write_config(tmp_path, data_glob, model_dir, **overrides):
+    config = {
+        "version": 1,
+        "data": {"format": "csv", "train": data_glob, "label": "click", "batch_size": BATCH,
+                 "shuffle": False},
+        "features": [
+            {"name": "user", "kind": "categorical", "dtype": "int64", "table": "u"},
+            {"name": "item", "kind": "categorical", "dtype": "string", "table": "i"},
+        ],
+        "tables": {
+            "u": {"dim": 4, "admission": {"min_count": 2}},
+            "i": {"dim": 4, "eviction": {"ttl_steps": 3}},
+        },
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(model_dir), "epochs": 1, "checkpoint_every_steps": 4},
+        "export": {"delta_every_steps": 4},
+    }
+    for key, value in overrides.items():
+        section, _, name = key.partition(".")
+        config[section][name] = value
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def steps_of(rows):
+    """1-based step of each row."""
+    return np.arange(ROWS) // BATCH + 1
+
+
+def tables_json(model_dir, capsys):
+    capsys.readouterr()
+    assert main(["tables", str(model_dir), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)["tables"]
+
+
+def load_delta(model_dir, step, table):
+    data = np.load(os.path.join(model_dir, "deltas", str(step), f"{table}.npz"))
+    return data["keys"], data["values"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("lifecycle")
+    rows = raw_rows()
+    write_columns(str(tmp / "train.csv"), rows, "csv", labels=["click"])
+    model_dir = tmp / "run"
+    config = write_config(tmp, str(tmp / "train.csv"), model_dir)
+    assert main(["train", config, "--quiet"]) == 0
+    return rows, model_dir
+
+
+def admitted_users(rows, until_step, min_count=2):
+    step = steps_of(rows)
+    users, counts = np.unique(rows["user"][step <= until_step], return_counts=True)
+    return set(users[counts >= min_count].tolist())
+
+
+def test_tables_report_exact_survivors(trained, capsys):
+    rows, model_dir = trained
+    step = steps_of(rows)
+    stats = tables_json(model_dir, capsys)
+    # Admission: a user has a row once seen twice.
+    assert stats["u"]["keys"] == len(admitted_users(rows, 8))
+    assert stats["u.linear"]["keys"] == stats["u"]["keys"]
+    # Eviction at the final checkpoint (step 8, ttl 3): items last seen at step <= 5 are gone.
+    last_seen = {}
+    for item, s in zip(rows["item"], step):
+        last_seen[item] = s
+    survivors = {k for k, s in last_seen.items() if s > 8 - 3}
+    assert stats["i"]["keys"] == len(survivors)
+    assert stats["i"]["shards"] == [len(survivors)]
+    width = 4 + 4 + 2  # embedding, adagrad accumulator, count and last step
+    assert stats["i"]["bytes"] == len(survivors) * (8 + 4 * width)
+
+
+def test_deltas_hold_exactly_the_updated_rows(trained):
+    rows, model_dir = trained
+    step = steps_of(rows)
+    assert sorted(os.listdir(model_dir / "deltas")) == ["4", "8"]
+    manifest = json.loads((model_dir / "deltas" / "8" / "manifest.json").read_text())
+    assert manifest["since_step"] == 4 and manifest["step"] == 8
+    # Step 4: eviction first drops items last seen at step 1, then the delta has steps 2..4.
+    keys, values = load_delta(model_dir, 4, "i")
+    items_2_4 = set(rows["item"][(step >= 2) & (step <= 4)])
+    assert len(keys) == len(items_2_4) and values.shape == (len(items_2_4), 4)
+    keys, _ = load_delta(model_dir, 4, "u")
+    assert set(keys.tolist()) == admitted_users(rows, 4)
+    # Step 8: rows touched in steps 5..8 that survive eviction (items of step 5 only are gone).
+    keys, _ = load_delta(model_dir, 8, "i")
+    assert len(keys) == len(set(rows["item"][step >= 6]))
+    keys, _ = load_delta(model_dir, 8, "u")
+    seen_late = set(rows["user"][step >= 5].tolist())
+    assert set(keys.tolist()) == seen_late & admitted_users(rows, 8)
+
+
+def test_export_delta_command_after_more_training(trained, tmp_path, capsys):
+    rows, model_dir = trained
+    config = str(model_dir / "config.yaml")
+    before = sorted(os.listdir(model_dir / "deltas"))
+    assert main(["export", config, "--delta"]) == 0  # nothing since step 8: kept as is
+    assert sorted(os.listdir(model_dir / "deltas")) == before
+    # A second epoch (epochs are totals) and a delta by command: every row touched in 9..16.
+    assert main(["train", config, "--quiet", "--set", "train.epochs=2",
+                 "--set", "export.delta_every_steps=null"]) == 0
+    assert main(["export", config, "--delta", "--set", "train.epochs=2"]) == 0
+    assert sorted(os.listdir(model_dir / "deltas")) == ["16", "4", "8"]
+    keys, _ = load_delta(model_dir, 16, "i")
+    assert len(keys) == len(set(rows["item"][steps_of(rows) >= 6]))
+    assert not [d for d in os.listdir(model_dir / "deltas") if d.startswith(".tmp")]
