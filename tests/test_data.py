@@ -411,3 +411,20 @@ def test_iterator_checkpoint_resumes_the_input_position(tmp_path, fmt):
         for name in want[0]:
             np.testing.assert_array_equal(got[0][name].numpy(), want[0][name].numpy())
         np.testing.assert_array_equal(got[1]["click"].numpy(), want[1]["click"].numpy())
+
+
+@pytest.mark.parametrize("fmt", ["csv", "synthetic"])
+def test_pipeline_builds_inside_a_tf_function(tmp_path, fmt):
+    # ParameterServerStrategy traces the dataset function: building must work in graph mode.
+    path = tmp_path / "a.csv"
+    path.write_text("user_id,click\n3,1\n4,0\n5,1\n")
+    data = {"format": fmt, "train": str(path), "synthetic": {"rows": 50, "seed": 5}}
+    config = make_config(data, [cat("user_id", "int64")])
+    expected = sum(read_all(make_dataset(config, "train", epochs=1))[0]["user_id"].tolist())
+
+    @tf.function
+    def total():
+        ds = make_dataset(config, "train", epochs=1)
+        return ds.reduce(tf.constant(0, tf.int64), lambda s, b: s + tf.reduce_sum(b[0]["user_id"]))
+
+    assert int(total()) == expected

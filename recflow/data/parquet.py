@@ -46,9 +46,15 @@ def _specs(file: str, columns: list[str]) -> dict[str, tf.TensorSpec] | list[str
     specs = {}
     for column in columns:
         arrow = schema.field(column).type
-        if pa.types.is_string(arrow) or pa.types.is_large_string(arrow) or pa.types.is_binary(arrow):
+        if (
+            pa.types.is_string(arrow)
+            or pa.types.is_large_string(arrow)
+            or pa.types.is_binary(arrow)
+        ):
             dtype = tf.string
-        elif pa.types.is_integer(arrow) or pa.types.is_floating(arrow) or pa.types.is_boolean(arrow):
+        elif (
+            pa.types.is_integer(arrow) or pa.types.is_floating(arrow) or pa.types.is_boolean(arrow)
+        ):
             dtype = tf.as_dtype(arrow.to_pandas_dtype())
         else:
             raise DataError(f"{file}: column '{column}' has the unsupported Parquet type {arrow}")

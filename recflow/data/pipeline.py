@@ -34,6 +34,7 @@ FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
 Check = tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]
 
 
+@tf.autograph.experimental.do_not_convert  # builds a pipeline; may run in a tf.function
 def make_dataset(
     config: Config, split: str, *, epochs: int | None, shuffle: bool | None = None
 ) -> tf.data.Dataset:
@@ -62,6 +63,7 @@ def make_dataset(
     return make_file_dataset(config, files, epochs=epochs, shuffle=shuffle)
 
 
+@tf.autograph.experimental.do_not_convert  # builds a pipeline; may run in a tf.function
 def make_file_dataset(
     config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool | None = None
 ) -> tf.data.Dataset:
@@ -90,6 +92,7 @@ def make_file_dataset(
     return reader.dataset(config, files, epochs=epochs, shuffle=shuffle)
 
 
+@tf.autograph.experimental.do_not_convert  # builds a pipeline; may run in a tf.function
 def synthetic_dataset(
     config: Config, split: str, *, epochs: int | None, shuffle: bool
 ) -> tf.data.Dataset:

@@ -1,0 +1,130 @@
+"""Process-boundary tests: SIGKILL then resume, and online learning with --follow."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import yaml
+
+from recflow.data.writer import write_columns
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+
+
+def recflow(*args, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "recflow.cli", *args], env=ENV, **kwargs)
+
+
+def tables(model_dir):
+    out = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "tables", str(model_dir), "--json"],
+        env=ENV, check=True, capture_output=True, text=True,
+    ).stdout
+    return {name: t["keys"] for name, t in json.loads(out)["tables"].items()}
+
+
+def kill_config(tmp_path, model_dir):
+    overrides = [
+        "data.synthetic={rows: 20000, eval_rows: 500, seed: 5, schema: demo}",
+        "data.batch_size=32",
+        "train.epochs=null",
+        "train.steps=500",
+        "train.checkpoint_every_steps=40",
+        "tables.item.admission={min_count: 3}",
+        "tables.user.eviction={ttl_steps: 150}",
+        "model.params={dnn: {hidden_units: [8]}}",
+        f"train.model_dir={model_dir}",
+    ]
+    return ["train", "configs/deepfm_demo.yaml", "--quiet"] + [a for o in overrides for a in ("--set", o)]
+
+
+def test_sigkill_after_second_checkpoint_then_resume_matches_uninterrupted(tmp_path):
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    assert recflow(*kill_config(tmp_path, whole)).wait(timeout=600) == 0
+
+    proc = recflow(*kill_config(tmp_path, killed), stdout=subprocess.DEVNULL)
+    second = killed / "checkpoints" / "ckpt-80.index"
+    deadline = time.time() + 300
+    while not second.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (killed / "metrics.json").exists()  # it really died mid-run
+
+    assert recflow(*kill_config(tmp_path, killed)).wait(timeout=600) == 0
+    done = json.loads((killed / "metrics.json").read_text())
+    assert done["steps"] == 500 == json.loads((whole / "metrics.json").read_text())["steps"]
+    assert tables(killed) == tables(whole)
+
+
+def stream_file(directory, index, rows=48):
+    """File `index` has its own users, so the tables show what was trained."""
+    rng = np.random.default_rng(index)
+    columns = {
+        "click": rng.integers(0, 2, rows),
+        "user": (index * 1000 + np.arange(rows) % 12).astype(np.int64),
+        "item": np.array([f"i{k}" for k in rng.integers(0, 20, rows)], dtype=object),
+    }
+    write_columns(str(directory / f"part-{index:03d}.csv"), columns, "csv", labels=["click"])
+
+
+def wait_for_line(proc, text, timeout=180):
+    deadline = time.time() + timeout
+    lines = []
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if text in line:
+            return lines
+    raise AssertionError(f"no line with {text!r}; got {lines}")
+
+
+def test_follow_trains_every_file_exactly_once_across_a_restart(tmp_path):
+    stream, model_dir = tmp_path / "stream", tmp_path / "run"
+    stream.mkdir()
+    config = {
+        "version": 1,
+        "data": {"format": "csv", "train": str(stream / "*.csv"), "label": "click",
+                 "batch_size": 16, "shuffle": False},
+        "features": [
+            {"name": "user", "kind": "categorical", "dtype": "int64", "dim": 4},
+            {"name": "item", "kind": "categorical", "dtype": "string", "dim": 4},
+        ],
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(model_dir), "checkpoint_every_steps": 2},
+        "export": {"delta_every_steps": 3},
+    }
+    path = tmp_path / "stream.yaml"
+    path.write_text(yaml.safe_dump(config))
+    args = ("train", str(path), "--follow", "--poll-seconds", "0.1")
+
+    proc = recflow(*args, stdout=subprocess.PIPE, text=True)
+    for index in range(3):
+        stream_file(stream, index)
+        wait_for_line(proc, f"part-{index:03d}.csv")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+    assert tables(model_dir)["user"] == 3 * 12
+
+    proc = recflow(*args, stdout=subprocess.PIPE, text=True)
+    stream_file(stream, 3)
+    wait_for_line(proc, "part-003.csv")
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert proc.returncode == 0
+
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    files = [os.path.basename(f) for f in metrics["files_consumed"]]
+    assert files == [f"part-{i:03d}.csv" for i in range(4)]
+    assert metrics["steps"] == 4 * 3  # 48 rows per file, batches of 16: each file once
+    assert tables(model_dir)["user"] == 4 * 12
+    assert sorted(os.listdir(model_dir / "export")) == ["1", "2"]
+    assert os.listdir(model_dir / "deltas")
