@@ -1,0 +1,347 @@
+"""CLI user errors: exit 2 and exactly one `recflow: ...` line on stderr (DESIGN.md section 4).
+
+Each message names the file (or glob, or argument) and the field, column or path.
+Config and data-header errors are raised before TensorFlow is imported; the
+subprocess tests check that, the rest run `recflow.cli.main` in-process.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from recflow.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+HEADER = "user_id,item_id,city,price,click"
+ROWS = [
+    "1,a,x,1.5,1",
+    "2,b,y,0.0,0",
+    "3,c,x,2.0,1",
+    "4,a,z,3.5,0",
+    "5,b,y,1.0,1",
+    "6,c,x,0.5,0",
+    "7,a,z,4.0,1",
+    "8,b,y,2.5,0",
+]
+
+
+def tiny_config(tmp_path: Path, **data) -> dict:
+    """A small CSV config: two categorical features, one numeric, two steps."""
+    raw = {
+        "version": 1,
+        "data": {
+            "format": "csv",
+            "train": str(tmp_path / "train" / "*.csv"),
+            "label": "click",
+            "batch_size": 4,
+            "shuffle": False,
+            **data,
+        },
+        "features": [
+            {"name": "user_id", "kind": "categorical", "dtype": "int64", "dim": 4},
+            {"name": "item_id", "kind": "categorical", "dtype": "string", "dim": 4},
+            {"name": "price", "kind": "numeric", "normalizer": {"type": "log1p"}},
+        ],
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(tmp_path / "run"), "steps": 2, "checkpoint_every_steps": None},
+    }
+    return raw
+
+
+def write_config(tmp_path: Path, raw: dict, name: str = "config.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def write_csv(tmp_path: Path, lines: list[str], name: str = "part-0.csv") -> str:
+    folder = tmp_path / "train"
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def run_error(capsys, argv: list[str], *fragments: str) -> str:
+    """Runs the CLI in-process; checks exit 2 and one `recflow: ` line holding `fragments`."""
+    capsys.readouterr()
+    code = main(argv)
+    out, err = capsys.readouterr()
+    assert code == 2, (code, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    line = lines[0]
+    assert line.startswith("recflow: "), line
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    return line
+
+
+# ----------------------------------------------------------------------------- config errors
+
+
+def test_bad_config_value(tmp_path, capsys):
+    raw = tiny_config(tmp_path)
+    raw["features"][1]["dim"] = -3
+    config = write_config(tmp_path, raw, "bad.yaml")
+    line = run_error(capsys, ["train", config], config, "features[1].dim")
+    assert line == f"recflow: {config}: features[1].dim: expected a positive integer, got -3"
+
+
+def test_unknown_key(tmp_path, capsys):
+    raw = tiny_config(tmp_path)
+    raw["train"]["learning_rate"] = 0.1
+    config = write_config(tmp_path, raw)
+    run_error(capsys, ["train", config], config, "train.learning_rate", "unknown key")
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate", "export", "plan"])
+def test_every_config_command_validates(tmp_path, capsys, command):
+    raw = tiny_config(tmp_path)
+    raw["data"]["batch_size"] = "big"
+    config = write_config(tmp_path, raw)
+    run_error(
+        capsys, [command, config], config, "data.batch_size", "expected an integer, got 'big'"
+    )
+
+
+def test_yaml_syntax_error(tmp_path, capsys):
+    config = tmp_path / "broken.yaml"
+    config.write_text("version: 1\ndata:\n  label: click\n batch_size: 3\n", encoding="utf-8")
+    run_error(capsys, ["train", str(config)], str(config), "line 4", "invalid YAML")
+
+
+def test_missing_config_file(tmp_path, capsys):
+    config = str(tmp_path / "missing.yaml")
+    run_error(capsys, ["train", config], config, "cannot read config")
+
+
+def test_bad_set_syntax(tmp_path, capsys):
+    write_csv(tmp_path, [HEADER, *ROWS])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    run_error(capsys, ["train", config, "--set", "train.steps"], "--set train.steps", "KEY=VALUE")
+
+
+def test_set_value_validated_against_the_file(tmp_path, capsys):
+    write_csv(tmp_path, [HEADER, *ROWS])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    run_error(capsys, ["train", config, "--set", "train.steps=-1"], config, "train.steps", "got -1")
+
+
+@pytest.mark.parametrize(
+    "argv, fragment",
+    [
+        ([], "COMMAND"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["train"], "config"),
+        (["train", "a.yaml", "--bogus"], "--bogus"),
+        (["data", "synth", "--out", "x", "--rows", "many"], "--rows"),
+        (["data", "synth", "--rows", "3"], "--out"),
+    ],
+    ids=[
+        "no-command",
+        "unknown-command",
+        "no-config",
+        "unknown-option",
+        "bad-int",
+        "missing-option",
+    ],
+)
+def test_bad_arguments(capsys, argv, fragment):
+    run_error(capsys, argv, fragment)
+
+
+# ----------------------------------------------------------------------------- data errors
+
+
+def test_train_glob_matches_nothing(tmp_path, capsys):
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    glob = str(tmp_path / "train" / "*.csv")
+    run_error(capsys, ["train", config], "data.train", glob, "no files match")
+
+
+def test_eval_glob_matches_nothing(tmp_path, capsys):
+    write_csv(tmp_path, [HEADER, *ROWS])
+    raw = tiny_config(tmp_path, eval=str(tmp_path / "eval" / "*.csv"))
+    config = write_config(tmp_path, raw)
+    run_error(capsys, ["train", config], "data.eval", str(tmp_path / "eval"))
+
+
+def test_csv_missing_feature_column(tmp_path, capsys):
+    data = write_csv(tmp_path, ["user_id,city,price,click", "1,x,1.5,1"])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    line = run_error(capsys, ["train", config], data, "'item_id'")
+    assert line == f"recflow: {data}: missing column 'item_id' (needed by feature 'item_id')"
+
+
+def test_csv_missing_column_in_second_file(tmp_path, capsys):
+    write_csv(tmp_path, [HEADER, *ROWS], "part-0.csv")
+    data = write_csv(tmp_path, ["user_id,item_id,click", "1,a,1"], "part-1.csv")
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    run_error(capsys, ["train", config], data, "missing column 'price'")
+
+
+def test_csv_missing_label_column(tmp_path, capsys):
+    data = write_csv(tmp_path, ["user_id,item_id,price", "1,a,1.5"])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    run_error(capsys, ["train", config], data, "missing column 'click'", "label")
+
+
+def test_csv_empty_file(tmp_path, capsys):
+    data = write_csv(tmp_path, [""])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    run_error(capsys, ["train", config], data, "empty file")
+
+
+# ----------------------------------------------------------------------------- other commands
+
+
+def test_data_synth_zero_rows(tmp_path, capsys):
+    out = tmp_path / "synth"
+    run_error(capsys, ["data", "synth", "--out", str(out), "--rows", "0"], "--rows", "got 0")
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_predict_on_a_dir_that_is_not_a_saved_model(tmp_path, capsys):
+    export = tmp_path / "export"
+    export.mkdir()
+    data = write_csv(tmp_path, [HEADER, *ROWS])
+    run_error(capsys, ["predict", str(export), data], str(export), "not a SavedModel")
+
+
+def test_tables_without_config(tmp_path, capsys):
+    model_dir = tmp_path / "empty_run"
+    model_dir.mkdir()
+    run_error(capsys, ["tables", str(model_dir)], str(model_dir), "config.yaml")
+
+
+def test_tables_without_checkpoint(tmp_path, capsys):
+    model_dir = tmp_path / "run"
+    model_dir.mkdir()
+    write_config(model_dir, tiny_config(tmp_path))
+    run_error(capsys, ["tables", str(model_dir), "--json"], str(model_dir), "no checkpoint")
+
+
+def test_evaluate_without_checkpoint(tmp_path, capsys):
+    write_csv(tmp_path, [HEADER, *ROWS])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    model_dir = tmp_path / "elsewhere"
+    run_error(
+        capsys, ["evaluate", config, "--model-dir", str(model_dir)], str(model_dir), "no checkpoint"
+    )
+
+
+def test_export_without_checkpoint(tmp_path, capsys):
+    write_csv(tmp_path, [HEADER, *ROWS])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    run_error(capsys, ["export", config], str(tmp_path / "run"), "no checkpoint")
+
+
+def test_malformed_row_with_on_bad_record_fail(tmp_path, capsys):
+    # line 1 is the header; line 4 has a field too few
+    lines = [HEADER, *ROWS[:2], "3,c,x,1", *ROWS[3:]]
+    data = write_csv(tmp_path, lines)
+    config = write_config(tmp_path, tiny_config(tmp_path, on_bad_record="fail"))
+    line = run_error(capsys, ["train", config, "--quiet"], data, "line 4")
+    assert line.startswith(f"recflow: {data}: line 4: ")
+
+
+def test_debug_env_shows_the_traceback(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("RECFLOW_DEBUG", "1")
+    config = str(tmp_path / "missing.yaml")
+    assert main(["plan", config]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    assert err.splitlines()[-1].startswith(f"recflow: {config}: cannot read config")
+
+
+def test_unexpected_error_exits_1(capsys, monkeypatch):
+    import recflow.cli
+
+    def broken(args):
+        raise ValueError("boom")
+
+    monkeypatch.delenv("RECFLOW_DEBUG", raising=False)
+    monkeypatch.setitem(recflow.cli._COMMANDS, "tables", broken)
+    assert main(["tables", "anywhere"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    assert err.splitlines()[-1] == "recflow: unexpected error: ValueError: boom"
+
+
+# ----------------------------------------------------------------------------- process boundary
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env.pop("RECFLOW_DEBUG", None)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def test_subprocess_config_error_prints_exactly_one_line(tmp_path):
+    raw = tiny_config(tmp_path)
+    raw["features"][0]["dim"] = -3
+    write_config(tmp_path, raw, "bad.yaml")
+    proc = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "train", "bad.yaml"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        "recflow: bad.yaml: features[0].dim: expected a positive integer, got -3"
+    ]
+
+
+def test_subprocess_user_errors_do_not_import_tensorflow(tmp_path):
+    raw = tiny_config(tmp_path)
+    raw["features"][0]["dim"] = -3
+    write_config(tmp_path, raw, "bad.yaml")
+    write_csv(tmp_path, ["user_id,item_id,click", "1,a,1"])
+    write_config(tmp_path, tiny_config(tmp_path), "nodata.yaml")
+    script = textwrap.dedent(
+        """
+        import sys
+        from recflow.cli import main
+        codes = [
+            main(["train", "bad.yaml"]),
+            main(["evaluate", "bad.yaml"]),
+            main(["export", "bad.yaml", "--delta"]),
+            main(["plan", "bad.yaml"]),
+            main(["train", "nodata.yaml"]),
+            main(["plan", "missing.yaml"]),
+            main(["train", "nodata.yaml", "--set", "oops"]),
+            main(["data", "synth", "--out", "synth", "--rows", "0"]),
+        ]
+        print("tensorflow" in sys.modules, codes)
+        """
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.stdout.strip() == "False [2, 2, 2, 2, 2, 2, 2, 2]", proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 8, proc.stderr
+    assert all(line.startswith("recflow: ") for line in lines)
+    assert all("features[0].dim" in line for line in lines[:4])
+    assert "missing column 'price'" in lines[4]

@@ -1,0 +1,798 @@
+"""Config loading: defaults, path-named errors, `--set` overrides, round trips.
+
+Every invalid config must raise `RecflowError` whose message is one line naming
+the file and the dotted path of the offending value (DESIGN.md section 3).
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from recflow.config import (
+    CategoricalFeature,
+    MultiHotFeature,
+    NumericFeature,
+    SequenceFeature,
+    config_from_dict,
+    dump_config,
+    load_config,
+    to_dict,
+)
+from recflow.config.loader import apply_overrides, parse_override
+from recflow.config.schema import AdagradConfig, SGDConfig, TableConfig
+from recflow.errors import ConfigError, RecflowError
+
+DEMO = Path(__file__).resolve().parent.parent / "configs" / "deepfm_demo.yaml"
+
+# A config touching every section; the indices of its features are used below.
+BASE = """
+version: 1
+data:
+  format: csv
+  train: data/train/*.csv
+  eval: data/eval/*.csv
+  label: click
+  csv: {delimiter: ",", header: true}
+features:
+  - {name: user_id,    kind: categorical, dtype: int64, table: user}      # 0
+  - {name: item_id,    kind: categorical, dtype: string, table: item}     # 1
+  - {name: category,   kind: categorical, dim: 16}                        # 2
+  - {name: tags,       kind: multi_hot, separator: "|", combiner: mean}   # 3
+  - {name: hist_items, kind: sequence, max_len: 10, table: item}          # 4
+  - {name: price,      kind: numeric, normalizer: {type: log1p}}          # 5
+  - {name: age,        kind: numeric, normalizer: {type: standard, mean: 35.0, std: 10.0}}  # 6
+  - {name: hour,       kind: numeric, normalizer: {type: bucketize, boundaries: [6, 12, 18]}}  # 7
+tables:
+  user: {dim: 8}
+  item:
+    dim: 16
+    initializer: {type: truncated_normal, stddev: 0.01}
+    admission: {min_count: 2}
+    eviction: {ttl_steps: 1000}
+    optimizer: {type: sgd, learning_rate: 0.1}
+model:
+  type: deepfm
+  params: {dnn: {hidden_units: [8, 4], dropout: 0.0}}
+task:
+  type: binary
+  metrics: [auc, logloss]
+train:
+  model_dir: runs/test
+  epochs: 1
+  optimizer: {type: adam, learning_rate: 0.001}
+  sparse_optimizer: {type: adagrad, learning_rate: 0.05}
+"""
+
+
+def base_raw() -> dict:
+    return yaml.safe_load(BASE)
+
+
+def write(tmp_path: Path, raw, name: str = "config.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def assert_one_line(message: str) -> None:
+    assert message and len(message.splitlines()) == 1 and "\n" not in message, repr(message)
+
+
+# ----------------------------------------------------------------------------- valid configs
+
+
+def test_demo_config_loads():
+    config = load_config(str(DEMO))
+    assert config.version == 1
+    assert config.data.format == "synthetic"
+    assert config.data.label == ("click",)
+    assert config.model.type == "deepfm"
+    assert [f.name for f in config.features][:2] == ["user_id", "item_id"]
+    # every logical table in use resolves to a table config
+    for name in config.table_names():
+        assert config.table(name).dim > 0
+
+
+def test_base_config_kinds_and_values(tmp_path):
+    config = load_config(write(tmp_path, base_raw()))
+    kinds = [type(f) for f in config.features]
+    assert kinds == [
+        CategoricalFeature,
+        CategoricalFeature,
+        CategoricalFeature,
+        MultiHotFeature,
+        SequenceFeature,
+        NumericFeature,
+        NumericFeature,
+        NumericFeature,
+    ]
+    assert config.data.train == ("data/train/*.csv",)  # a scalar stands for a one-element list
+    assert config.features[7].normalizer.boundaries == (6.0, 12.0, 18.0)
+    assert config.features[4].max_len == 10
+    assert config.tables["item"].admission.min_count == 2
+    assert config.tables["item"].eviction.ttl_steps == 1000
+    assert config.sparse_features == config.features[:5]
+    assert config.numeric_features == config.features[5:]
+    assert config.table_names() == ("user", "item", "category", "tags")
+
+
+def test_defaults_applied(tmp_path):
+    raw = base_raw()
+    del raw["train"]["sparse_optimizer"]
+    raw["embedding"] = {"default_dim": 4}
+    config = load_config(write(tmp_path, raw))
+    # dataclass defaults
+    assert config.data.batch_size == 1024
+    assert config.data.shuffle is True
+    assert config.data.on_bad_record == "skip"
+    assert config.data.csv.delimiter == ","
+    assert config.embedding.fusion is True
+    assert config.distribute.strategy == "local"
+    assert config.export.every_steps is None
+    assert config.train.checkpoint_every_steps == 1000
+    assert config.features[3].dtype == "string"
+    assert config.features[3].separator == "|"
+    assert config.features[5].default == 0.0
+    assert config.task.metric_names("binary") == ("auc", "logloss")
+    # an implicit table takes its dim from the feature, or embedding.default_dim
+    assert "category" not in config.tables
+    assert config.table("category") == TableConfig(dim=16)
+    assert config.table("tags") == TableConfig(dim=4)
+    # a table without an optimizer falls back to train.sparse_optimizer (itself defaulted)
+    assert config.train.sparse_optimizer == AdagradConfig()
+    assert config.sparse_optimizer("user") == AdagradConfig()
+    assert config.sparse_optimizer("category") == AdagradConfig()
+    assert config.sparse_optimizer("item") == SGDConfig(learning_rate=0.1)
+
+
+def test_sparse_optimizer_falls_back_to_train_section(tmp_path):
+    raw = base_raw()
+    raw["train"]["sparse_optimizer"] = {"type": "ftrl", "learning_rate": 0.2, "l1": 0.5}
+    config = load_config(write(tmp_path, raw))
+    assert config.sparse_optimizer("user").type == "ftrl"
+    assert config.sparse_optimizer("user").l1 == 0.5
+    assert config.sparse_optimizer("user").learning_rate == pytest.approx(0.2)
+    assert config.sparse_optimizer("item").type == "sgd"
+
+
+def test_ints_accepted_where_numbers_expected(tmp_path):
+    raw = base_raw()
+    raw["train"]["optimizer"]["learning_rate"] = 1
+    config = load_config(write(tmp_path, raw))
+    assert config.train.optimizer.learning_rate == 1.0
+    assert isinstance(config.train.optimizer.learning_rate, float)
+
+
+# ----------------------------------------------------------------------------- invalid configs
+
+
+def _set(path: str, value):
+    """A mutation that sets `a.b[2].c` (dotted, with list indices as numbers)."""
+
+    def mutate(raw):
+        *parents, last = path.split(".")
+        node = raw
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+
+    return mutate
+
+
+def _delete(path: str):
+    def mutate(raw):
+        *parents, last = path.split(".")
+        node = raw
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        del node[int(last) if isinstance(node, list) else last]
+
+    return mutate
+
+
+# (id, mutation, error path, message fragment)
+BAD = [
+    ("unknown-top-key", _set("extras", 1), "extras", "unknown key"),
+    ("unknown-data-key", _set("data.batchsize", 8), "data.batchsize", "unknown key"),
+    ("unknown-feature-key", _set("features.2.colour", "red"), "features[2].colour", "unknown key"),
+    ("unknown-table-key", _set("tables.item.size", 3), "tables.item.size", "unknown key"),
+    (
+        "unknown-optimizer-key",
+        _set("tables.item.optimizer.momentum", 0.9),
+        "tables.item.optimizer.momentum",
+        "unknown key",
+    ),
+    (
+        "key-of-other-kind",  # max_len belongs to sequence features only
+        _set("features.0.max_len", 3),
+        "features[0].max_len",
+        "unknown key",
+    ),
+    ("string-dim", _set("features.2.dim", "8"), "features[2].dim", "expected an integer, got '8'"),
+    ("float-dim", _set("features.2.dim", 8.5), "features[2].dim", "expected an integer, got 8.5"),
+    (
+        "list-batch-size",
+        _set("data.batch_size", [1, 2]),
+        "data.batch_size",
+        "expected an integer, got list",
+    ),
+    (
+        "bool-int",
+        _set("train.checkpoint_every_steps", True),
+        "train.checkpoint_every_steps",
+        "expected an integer, got True",
+    ),
+    (
+        "bool-float",
+        _set("train.optimizer.learning_rate", False),
+        "train.optimizer.learning_rate",
+        "expected a number, got False",
+    ),
+    (
+        "string-float",
+        _set("features.6.normalizer.std", "ten"),
+        "features[6].normalizer.std",
+        "expected a number, got 'ten'",
+    ),
+    ("int-bool", _set("data.shuffle", 1), "data.shuffle", "expected true or false, got 1"),
+    ("null-int", _set("data.batch_size", None), "data.batch_size", "expected an integer, got null"),
+    ("mapping-section", _set("train", [1]), "train", "expected a mapping, got list"),
+    ("mapping-features", _set("features", {"name": "a"}), "features", "expected a list, got dict"),
+    (
+        "string-feature",
+        _set("features.1", "item_id"),
+        "features[1]",
+        "expected a mapping, got 'item_id'",
+    ),
+    (
+        "negative-dim",
+        _set("features.2.dim", -3),
+        "features[2].dim",
+        "expected a positive integer, got -3",
+    ),
+    (
+        "zero-table-dim",
+        _set("tables.user.dim", 0),
+        "tables.user.dim",
+        "expected a positive integer, got 0",
+    ),
+    (
+        "zero-batch-size",
+        _set("data.batch_size", 0),
+        "data.batch_size",
+        "expected a positive integer, got 0",
+    ),
+    (
+        "negative-learning-rate",
+        _set("train.optimizer.learning_rate", -0.1),
+        "train.optimizer.learning_rate",
+        "expected a positive number, got -0.1",
+    ),
+    (
+        "negative-table-learning-rate",
+        _set("tables.item.optimizer.learning_rate", -1.0),
+        "tables.item.optimizer.learning_rate",
+        "expected a positive number, got -1.0",
+    ),
+    (
+        "nan-learning-rate",
+        _set("train.sparse_optimizer.learning_rate", float("nan")),
+        "train.sparse_optimizer.learning_rate",
+        "expected a finite number, got nan",
+    ),
+    (
+        "boundaries-not-increasing",
+        _set("features.7.normalizer.boundaries", [6, 18, 12]),
+        "features[7].normalizer.boundaries",
+        "strictly increasing",
+    ),
+    (
+        "boundaries-repeated",
+        _set("features.7.normalizer.boundaries", [6, 6, 12]),
+        "features[7].normalizer.boundaries",
+        "strictly increasing",
+    ),
+    (
+        "boundaries-empty",
+        _set("features.7.normalizer.boundaries", []),
+        "features[7].normalizer.boundaries",
+        "non-empty",
+    ),
+    (
+        "zero-std",
+        _set("features.6.normalizer.std", 0),
+        "features[6].normalizer.std",
+        "expected a positive number",
+    ),
+    (
+        "max-len-zero",
+        _set("features.4.max_len", 0),
+        "features[4].max_len",
+        "expected a positive integer, got 0",
+    ),
+    ("empty-separator", _set("features.3.separator", ""), "features[3].separator", "non-empty"),
+    (
+        "beta-out-of-range",
+        _set("tables.item.optimizer", {"type": "adam", "beta_1": 1.0}),
+        "tables.item.optimizer.beta_1",
+        "[0, 1)",
+    ),
+    (
+        "eviction-empty",
+        _set("tables.item.eviction", {}),
+        "tables.item.eviction.ttl_steps",
+        "max_keys",
+    ),
+    ("unknown-kind", _set("features.0.kind", "embedding"), "features[0].kind", "got 'embedding'"),
+    ("list-kind", _set("features.0.kind", ["categorical"]), "features[0].kind", "got list"),
+    ("missing-kind", _delete("features.0.kind"), "features[0].kind", "missing"),
+    ("missing-name", _delete("features.2.name"), "features[2].name", "required"),
+    ("bad-name", _set("features.2.name", "a b"), "features[2].name", "'a b'"),
+    (
+        "unknown-normalizer",
+        _set("features.5.normalizer.type", "zscore"),
+        "features[5].normalizer.type",
+        "got 'zscore'",
+    ),
+    ("unknown-dtype", _set("features.1.dtype", "float"), "features[1].dtype", "got 'float'"),
+    ("unknown-format", _set("data.format", "json"), "data.format", "got 'json'"),
+    (
+        "unknown-optimizer",
+        _set("train.sparse_optimizer.type", "lion"),
+        "train.sparse_optimizer.type",
+        "got 'lion'",
+    ),
+    ("bad-version", _set("version", 2), "version", "got 2"),
+    ("bool-version", _set("version", True), "version", "got True"),
+    ("dangling-table", _set("features.1.table", "items"), "features[1].table", "no table 'items'"),
+    ("unused-table", _set("tables.spare", {"dim": 4}), "tables.spare", "used by no feature"),
+    ("dim-with-table", _set("features.0.dim", 4), "features[0].dim", "set the dim on the table"),
+    (
+        "implicit-table-shadowed",  # category has no `table`, but a table named category exists
+        _set("tables.category", {"dim": 4}),
+        "features[2].table",
+        "set `table: category`",
+    ),
+    ("missing-label", _delete("data.label"), "data.label", "required"),
+    ("label-is-feature", _set("data.label", "price"), "data.label[0]", "also a feature"),
+    ("two-labels-binary", _set("data.label", ["click", "buy"]), "data.label", "expected one label"),
+    ("missing-train", _delete("data.train"), "data.train", "required for format 'csv'"),
+    (
+        "duplicate-feature",
+        _set("features.3.name", "category"),
+        "features[3].name",
+        "duplicate feature name 'category'",
+    ),
+    ("no-features", _set("features", []), "features", "at least one feature"),
+    (
+        "only-numeric-features",
+        _set("features", [{"name": "price", "kind": "numeric"}]),
+        "features",
+        "at least one categorical",
+    ),
+    (
+        "gauc-without-group-by",
+        _set("task.metrics", ["auc", "gauc"]),
+        "task.group_by",
+        "required when metrics include 'gauc'",
+    ),
+    (
+        "group-by-no-feature",
+        _set("task.group_by", "nobody"),
+        "task.group_by",
+        "no feature 'nobody'",
+    ),
+    ("unknown-metric", _set("task.metrics", ["auc", "mse"]), "task.metrics[1]", "got 'mse'"),
+    ("multitask-without-tasks", _set("task.type", "multitask"), "task.tasks", "required"),
+    (
+        "tasks-without-multitask",
+        _set("task.tasks", [{"name": "a", "label": "click"}]),
+        "task.tasks",
+        "only allowed",
+    ),
+    (
+        "epochs-and-steps",
+        _set("train.steps", 10),
+        "train.steps",
+        "set either epochs or steps, not both",
+    ),
+    ("zero-epochs", _set("train.epochs", 0), "train.epochs", "expected a positive integer, got 0"),
+    ("empty-model-dir", _set("train.model_dir", ""), "train.model_dir", "non-empty"),
+    ("long-delimiter", _set("data.csv.delimiter", ";;"), "data.csv.delimiter", "one character"),
+    (
+        "no-header-no-columns",
+        _set("data.csv.header", False),
+        "data.csv.columns",
+        "required when header is false",
+    ),
+    (
+        "params-not-mapping",
+        _set("model.params", [1]),
+        "model.params",
+        "expected a mapping, got list",
+    ),
+    (
+        "unknown-strategy",
+        _set("distribute.strategy", "mirrored"),
+        "distribute.strategy",
+        "got 'mirrored'",
+    ),
+]
+
+
+@pytest.mark.parametrize("mutate, path, fragment", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_config_names_file_and_path(tmp_path, mutate, path, fragment):
+    raw = base_raw()
+    mutate(raw)
+    file = write(tmp_path, raw, "bad.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    error = info.value
+    message = str(error)
+    assert_one_line(message)
+    assert error.path == path
+    assert error.file == file
+    assert message.startswith(f"{file}: {path}: "), message
+    assert fragment in message
+    # the same error without a file, straight from the dict
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(raw)
+    assert str(info.value) == f"{path}: {error.message}"
+
+
+def test_exact_message_for_negative_dim(tmp_path):
+    raw = base_raw()
+    raw["features"][2]["dim"] = -3
+    file = write(tmp_path, raw, "model.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == f"{file}: features[2].dim: expected a positive integer, got -3"
+
+
+def test_unknown_key_lists_allowed_keys(tmp_path):
+    raw = base_raw()
+    raw["tables"]["user"]["dimension"] = 8
+    with pytest.raises(
+        ConfigError, match=r"tables\.user\.dimension: unknown key \(allowed: admission, dim,"
+    ):
+        load_config(write(tmp_path, raw))
+
+
+def test_key_with_line_break_still_one_line(tmp_path):
+    raw = base_raw()
+    raw["data"]["bad\nkey"] = 1
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, raw))
+    assert_one_line(str(info.value))
+    assert "data.bad\\nkey: unknown key" in str(info.value)
+
+
+# ----------------------------------------------------------------------------- file-level errors
+
+
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ("version: 1\ndata:\n  label: click\n batch_size: 3\n", 4),
+        ("version: 1\nfeatures: [a, b\ntrain: {}\n", 3),
+        ("version: 1\ndata:\n  label: click\n  train: a: b\n", 4),
+        ("version: 1\n\tdata: {}\n", 2),
+    ],
+    ids=["indentation", "unclosed-list", "nested-colon", "tab"],
+)
+def test_yaml_syntax_error_names_line(tmp_path, text, line):
+    file = tmp_path / "broken.yaml"
+    file.write_text(text, encoding="utf-8")
+    with pytest.raises(RecflowError) as info:
+        load_config(str(file))
+    message = str(info.value)
+    assert_one_line(message)
+    assert message.startswith(f"{file}: line {line}, column ")
+    assert "invalid YAML" in message
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("- a\n- b\n", "expected a mapping at the top level, got list"),
+        ("just a string\n", "expected a mapping at the top level, got str"),
+        ("42\n", "expected a mapping at the top level, got int"),
+    ],
+)
+def test_top_level_not_a_mapping(tmp_path, text, fragment):
+    file = tmp_path / "list.yaml"
+    file.write_text(text, encoding="utf-8")
+    with pytest.raises(RecflowError) as info:
+        load_config(str(file))
+    assert str(info.value) == f"{file}: {fragment}"
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n", "---\n"])
+def test_empty_file(tmp_path, text):
+    file = tmp_path / "empty.yaml"
+    file.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config(str(file))
+    assert str(info.value).startswith(f"{file}: features: ")
+
+
+def test_missing_file(tmp_path):
+    file = tmp_path / "nope.yaml"
+    with pytest.raises(RecflowError) as info:
+        load_config(str(file))
+    assert str(info.value).startswith(f"{file}: cannot read config (")
+
+
+def test_directory_instead_of_file(tmp_path):
+    with pytest.raises(RecflowError, match="cannot read config"):
+        load_config(str(tmp_path))
+
+
+def test_binary_file(tmp_path):
+    file = tmp_path / "binary.yaml"
+    file.write_bytes(b"version: 1\n\xff\xfe\x00: x\n")
+    with pytest.raises(RecflowError) as info:
+        load_config(str(file))
+    assert_one_line(str(info.value))
+    assert str(info.value).startswith(f"{file}: ")
+
+
+# ----------------------------------------------------------------------------- --set overrides
+
+
+def test_set_scalars(tmp_path):
+    file = write(tmp_path, base_raw())
+    config = load_config(
+        file, ["data.batch_size=32", "train.epochs=null", "train.steps=5", "data.shuffle=false"]
+    )
+    assert config.data.batch_size == 32
+    assert config.train.epochs is None
+    assert config.train.steps == 5
+    assert config.train.total_epochs is None
+    assert config.data.shuffle is False
+
+
+def test_set_string_with_equals_sign(tmp_path):
+    config = load_config(write(tmp_path, base_raw()), ["train.model_dir=runs/a=b"])
+    assert config.train.model_dir == "runs/a=b"
+
+
+@pytest.mark.parametrize(
+    "override, params",
+    [
+        ("model.params={}", {}),
+        ("model.params={hidden: 32}", {"hidden": 32}),
+        ("model.params={dnn: {hidden_units: [4]}}", {"dnn": {"hidden_units": [4]}}),
+        ("model.params.dnn.dropout=0.5", {"dnn": {"hidden_units": [8, 4], "dropout": 0.5}}),
+        (
+            "model.params.new.deep=1",
+            {"dnn": {"hidden_units": [8, 4], "dropout": 0.0}, "new": {"deep": 1}},
+        ),
+    ],
+)
+def test_set_yaml_mapping(tmp_path, override, params):
+    config = load_config(write(tmp_path, base_raw()), [override])
+    assert config.model.params == params
+
+
+def test_set_creates_missing_sections(tmp_path):
+    raw = base_raw()
+    del raw["tables"]["user"]
+    raw["tables"]["user"] = {}  # an empty table section: every key defaulted
+    config = load_config(
+        write(tmp_path, raw),
+        ["tables.user.eviction.ttl_steps=30", "embedding.default_dim=4", "export.every_steps=7"],
+    )
+    assert config.tables["user"].eviction.ttl_steps == 30
+    assert config.tables["user"].eviction.max_keys is None
+    assert config.tables["user"].dim == 8
+    assert config.embedding.default_dim == 4
+    assert config.export.every_steps == 7
+
+
+def test_set_creates_missing_table(tmp_path):
+    raw = base_raw()
+    del raw["tables"]
+    raw["features"][0].pop("table")
+    raw["features"][1].pop("table")
+    raw["features"][4].pop("table")
+    config = load_config(
+        write(tmp_path, raw),
+        ["tables.user_id.eviction.ttl_steps=30", "features.user_id.table=user_id"],
+    )
+    assert config.tables["user_id"].eviction.ttl_steps == 30
+
+
+def test_set_list_item_by_index_and_name(tmp_path):
+    config = load_config(
+        write(tmp_path, base_raw()),
+        [
+            "features.2.dim=32",
+            "features.price.default=1.5",
+            "features.hour.normalizer.boundaries=[1, 2]",
+        ],
+    )
+    assert config.features[2].dim == 32
+    assert config.feature("price").default == 1.5
+    assert config.feature("hour").normalizer.boundaries == (1.0, 2.0)
+
+
+def test_set_result_is_validated(tmp_path):
+    file = write(tmp_path, base_raw())
+    with pytest.raises(ConfigError) as info:
+        load_config(file, ["features.category.dim=-3"])
+    assert str(info.value) == f"{file}: features[2].dim: expected a positive integer, got -3"
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("foo", "--set foo: expected KEY=VALUE"),
+        ("=3", "--set =3: expected KEY=VALUE"),
+        ("a..b=1", "--set a..b=1: expected KEY=VALUE"),
+        ("train.=1", "--set train.=1: expected KEY=VALUE"),
+        ("train.steps=[1", "--set train.steps=[1: value is not valid YAML"),
+        ("features.nosuch.dim=3", "--set features.nosuch.dim=3: no list item 'nosuch'"),
+        ("features.99.dim=3", "--set features.99.dim=3: no list item '99'"),
+        ("version.x=1", "--set version.x=1: cannot set 'x' inside a int"),
+        ("data.label.x=1", "--set data.label.x=1: cannot set 'x' inside a str"),
+    ],
+)
+def test_bad_override(tmp_path, override, fragment):
+    file = write(tmp_path, base_raw())
+    with pytest.raises(RecflowError) as info:
+        load_config(file, [override])
+    assert_one_line(str(info.value))
+    assert str(info.value).startswith(fragment), str(info.value)
+
+
+def test_parse_override():
+    assert parse_override("a.b.c=1") == (["a", "b", "c"], 1)
+    assert parse_override("a=") == (["a"], "")
+    assert parse_override("a=x: 1") == (["a"], {"x": 1})
+    assert parse_override("a='quoted'") == (["a"], "quoted")
+
+
+def test_apply_overrides_does_not_touch_other_keys():
+    raw = {"a": {"b": 1, "c": [{"name": "x", "v": 1}, {"name": "y", "v": 2}]}}
+    apply_overrides(raw, ["a.c.y.v=3", "a.c.0.v=4", "a.d.e=5"])
+    assert raw == {
+        "a": {"b": 1, "c": [{"name": "x", "v": 4}, {"name": "y", "v": 3}], "d": {"e": 5}}
+    }
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+@pytest.mark.parametrize("source", ["demo", "base"])
+def test_to_dict_round_trip(tmp_path, source):
+    config = (
+        load_config(str(DEMO)) if source == "demo" else load_config(write(tmp_path, base_raw()))
+    )
+    plain = to_dict(config)
+    assert config_from_dict(plain) == config
+    # the plain form is YAML-able, and dump_config writes what load_config reads back
+    assert yaml.safe_load(yaml.safe_dump(plain)) == plain
+    path = str(tmp_path / "resolved.yaml")
+    dump_config(config, path)
+    assert load_config(path) == config
+    assert list(tmp_path.glob("resolved.yaml.tmp-*")) == []
+
+
+# ----------------------------------------------------------------------------- property test
+
+_KINDS = ["categorical", "multi_hot", "sequence", "numeric"]
+_DEMO_RAW = yaml.safe_load(DEMO.read_text(encoding="utf-8"))
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=12)
+_SCALARS = st.one_of(
+    st.integers(min_value=-(2**40), max_value=2**40),
+    st.integers(max_value=-1),
+    st.floats(),  # nan and inf included
+    _TEXT,
+    st.sampled_from(["", "0", "true", "null", "categorical", "user", "click", "auc"]),
+    st.booleans(),
+    st.none(),
+)
+_VALUES = st.one_of(
+    _SCALARS,
+    st.lists(_SCALARS, max_size=3),
+    st.dictionaries(_TEXT, _SCALARS, max_size=3),
+    st.lists(st.dictionaries(_TEXT, _SCALARS, max_size=2), max_size=2),
+)
+
+
+def _paths(node, prefix=()):
+    """Every path in a raw config, containers included (the root is `()`)."""
+    yield prefix
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _paths(value, (*prefix, i))
+
+
+def _get(node, path):
+    for key in path:
+        node = node[key]
+    return node
+
+
+def _mutate(raw, data):
+    """Applies one random mutation to `raw` in place; returns the (new) root."""
+    op = data.draw(st.sampled_from(["delete", "replace", "add_key", "rename_kind"]))
+    paths = list(_paths(raw))
+    if op == "delete":
+        path = data.draw(st.sampled_from(paths))
+        if not path:
+            return raw
+        del _get(raw, path[:-1])[path[-1]]
+    elif op == "replace":
+        path = data.draw(st.sampled_from(paths))
+        value = data.draw(_VALUES)
+        if not path:
+            return value
+        _get(raw, path[:-1])[path[-1]] = value
+    elif op == "add_key":
+        mappings = [p for p in paths if isinstance(_get(raw, p), dict)]
+        if mappings:
+            node = _get(raw, data.draw(st.sampled_from(mappings)))
+            node[data.draw(_TEXT)] = data.draw(_VALUES)
+    else:
+        features = raw.get("features") if isinstance(raw, dict) else None
+        items = (
+            [f for f in features or [] if isinstance(f, dict)] if isinstance(features, list) else []
+        )
+        if items:
+            feature = data.draw(st.sampled_from(items))
+            feature["kind"] = data.draw(st.one_of(st.sampled_from(_KINDS), _TEXT))
+    return raw
+
+
+@settings(
+    max_examples=300,
+    database=None,  # write nothing to the working directory
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
+@given(data=st.data())
+def test_mutated_configs_load_or_fail_in_one_line(tmp_path, data):
+    raw = copy.deepcopy(_DEMO_RAW)
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        raw = _mutate(raw, data)
+    file = tmp_path / "mutated.yaml"
+    file.write_text(yaml.dump(raw, Dumper=_DUMPER, allow_unicode=True), encoding="utf-8")
+
+    for load in (lambda: load_config(str(file)), lambda: config_from_dict(copy.deepcopy(raw))):
+        try:
+            config = load()
+        except RecflowError as e:
+            assert_one_line(str(e))
+            assert not str(e).startswith(": ")
+            continue
+        # A config that loads survives the round trip unchanged.
+        assert repr(config_from_dict(to_dict(config))) == repr(config)
+
+
+def test_mutation_ops_reach_the_loader(tmp_path):
+    """Sanity check of the property test's helpers on a fixed mutation."""
+    raw = copy.deepcopy(_DEMO_RAW)
+    paths = list(_paths(raw))
+    assert () in paths and ("features", 0, "kind") in paths
+    raw["features"][0]["kind"] = "numeric"  # a numeric feature cannot have dtype/table
+    with pytest.raises(ConfigError, match=r"^features\[0\]\.(dtype|table): unknown key"):
+        config_from_dict(raw)
