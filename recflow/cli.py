@@ -51,6 +51,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--delta", action="store_true", help="write deltas/<step>/ instead")
     with_config("plan", "print the fused-table plan, shard placement and memory estimate")
 
+    p = with_config("launch", "start a local multi-process PS cluster on loopback and train on it")
+    p.add_argument("--ps", type=int, required=True, help="parameter-server tasks")
+    p.add_argument("--workers", type=int, required=True, help="worker tasks")
+
     p = sub.add_parser("predict", help="score a CSV/Parquet file with an exported model")
     p.add_argument("export_dir")
     p.add_argument("data_file")
@@ -85,6 +89,16 @@ def _load(args, check_data: bool = True):
 
 
 def _trainer(config, verbose=0):
+    if config.distribute.strategy == "parameter_server":
+        from recflow.distribute.cluster import read_tf_config, serve
+
+        role = read_tf_config()
+        if not role.coordinates:
+            serve(role)  # ps and worker tasks serve until they are stopped
+            raise SystemExit(0)
+        from recflow.distribute.ps_trainer import PSTrainer
+
+        return PSTrainer(config, role, verbose=verbose)
     from recflow.training.trainer import Trainer
 
     return Trainer(config, verbose=verbose)
@@ -130,6 +144,22 @@ def cmd_train(args) -> int:
             signal.signal(sig, handler)
     print(_format_metrics(result))
     print(f"model dir: {trainer.model_dir}   export: {result['export']}")
+    return 0
+
+
+def cmd_launch(args) -> int:
+    from recflow.distribute.launcher import Cluster
+
+    config = _load(args)  # validated once here, before any process starts
+    train_args = [args.config, "--model-dir", config.train.model_dir]
+    for item in args.set:
+        train_args += ["--set", item]
+    cluster = Cluster(train_args, config.train.model_dir, args.ps, args.workers)
+    code = cluster.run()
+    if code != 0:
+        raise RecflowError(f"launch: the chief exited with {code}; see {config.train.model_dir}/logs/chief-0.log")
+    with open(os.path.join(config.train.model_dir, "metrics.json"), encoding="utf-8") as f:
+        print(_format_metrics(json.load(f)))
     return 0
 
 
@@ -199,6 +229,7 @@ _COMMANDS = {
     "train": cmd_train,
     "evaluate": cmd_evaluate,
     "export": cmd_export,
+    "launch": cmd_launch,
     "predict": cmd_predict,
     "plan": cmd_plan,
     "tables": cmd_tables,

@@ -17,6 +17,7 @@ from recflow.atomic import write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config, DenseOptimizerConfig
 from recflow.embedding import lifecycle
+from recflow.embedding.placement import Placement
 from recflow.export.saved_model import export_saved_model
 from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
@@ -55,13 +56,18 @@ class Trainer:
         verbose: 0 silent, 1 progress bar.
     """
 
-    def __init__(self, config: Config, model_dir: str | None = None, verbose: int = 1):
+    def __init__(
+        self,
+        config: Config,
+        model_dir: str | None = None,
+        verbose: int = 1,
+        placement: Placement | None = None,
+    ):
         self.config = config
         self.model_dir = model_dir or config.train.model_dir
         self.verbose = verbose
-        self.model: RankingModel = build_model(config)
+        self.model: RankingModel = build_model(config, placement)
         self.model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
-        self._iterator = None
         self._checkpoint = None
         self._manager = None
         self._last_delta_step = 0

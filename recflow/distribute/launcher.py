@@ -1,0 +1,167 @@
+"""`recflow launch`: a local multi-process PS cluster on loopback.
+
+One process per task (PS tasks, workers and the chief), each a real TF gRPC
+server started by `recflow train` with its own TF_CONFIG. The launcher writes
+`MODEL_DIR/cluster.json` and one log per task under `MODEL_DIR/logs/`, and
+supervises: a worker that dies is restarted (its steps run on the others in
+the meantime); a PS that dies is restarted together with the chief, which
+restores the last checkpoint and goes on. Every process it started is stopped
+on success, failure or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from recflow.atomic import write_json
+from recflow.errors import RecflowError
+
+logger = logging.getLogger(__name__)
+
+MAX_RESTARTS = 5
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on loopback (bound together, then released)."""
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class Task:
+    job: str
+    index: int
+    address: str
+    process: subprocess.Popen | None = None
+    restarts: int = 0
+    log: object = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.job}-{self.index}"
+
+
+class Cluster:
+    """The processes of one local cluster.
+
+    Args:
+        train_args: `recflow train` arguments (config, --model-dir, --set ...).
+        model_dir: where cluster.json and logs/ go.
+        num_ps: parameter-server tasks.
+        num_workers: worker tasks.
+    """
+
+    def __init__(self, train_args: list[str], model_dir: str, num_ps: int, num_workers: int):
+        if num_ps < 1 or num_workers < 1:
+            raise RecflowError("launch: --ps and --workers must be at least 1")
+        self.train_args = train_args
+        self.model_dir = model_dir
+        ports = free_ports(1 + num_workers + num_ps)
+        addresses = [f"127.0.0.1:{p}" for p in ports]
+        self.tasks = [Task("chief", 0, addresses[0])]
+        self.tasks += [Task("worker", i, addresses[1 + i]) for i in range(num_workers)]
+        self.tasks += [Task("ps", i, addresses[1 + num_workers + i]) for i in range(num_ps)]
+        self.spec = {
+            job: [t.address for t in self.tasks if t.job == job] for job in ("chief", "worker", "ps")
+        }
+
+    def _env(self, task: Task) -> dict:
+        tf_config = {"cluster": self.spec, "task": {"type": task.job, "index": task.index}}
+        return dict(
+            os.environ,
+            TF_CONFIG=json.dumps(tf_config),
+            TF_CPP_MIN_LOG_LEVEL=os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+            PYTHONUNBUFFERED="1",
+        )
+
+    def start(self, task: Task) -> None:
+        logs = os.path.join(self.model_dir, "logs")
+        os.makedirs(logs, exist_ok=True)
+        if task.log is None:
+            task.log = open(os.path.join(logs, f"{task.name}.log"), "ab")  # noqa: SIM115
+        command = [sys.executable, "-m", "recflow.cli", "train", *self.train_args, "--quiet"]
+        command += ["--set", "distribute.strategy=parameter_server"]
+        task.process = subprocess.Popen(
+            command, env=self._env(task), stdout=task.log, stderr=subprocess.STDOUT
+        )
+        self.write_manifest()
+
+    def write_manifest(self) -> None:
+        write_json(
+            os.path.join(self.model_dir, "cluster.json"),
+            {
+                "tasks": [
+                    {"job": t.job, "index": t.index, "address": t.address,
+                     "pid": t.process.pid if t.process else None}
+                    for t in self.tasks
+                ]
+            },
+        )
+
+    def stop(self) -> None:
+        """Stops every process this cluster started (SIGTERM, then SIGKILL)."""
+        alive = [t for t in self.tasks if t.process and t.process.poll() is None]
+        for t in alive:
+            t.process.send_signal(signal.SIGTERM)
+        deadline = time.time() + 10
+        for t in alive:
+            try:
+                t.process.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                t.process.kill()
+                t.process.wait()
+        for t in self.tasks:
+            if t.log is not None:
+                t.log.close()
+                t.log = None
+
+    def _restart(self, task: Task, why: str) -> None:
+        task.restarts += 1
+        if task.restarts > MAX_RESTARTS:
+            raise RecflowError(f"launch: {task.name} failed {MAX_RESTARTS} times; see logs/{task.name}.log")
+        logger.warning("%s %s; restarting it", task.name, why)
+        print(f"recflow launch: {task.name} {why}; restarting it", file=sys.stderr, flush=True)
+        self.start(task)
+
+    def run(self, poll_seconds: float = 0.2) -> int:
+        """Starts the cluster and supervises it until the chief finishes; returns its exit code."""
+        try:
+            for task in sorted(self.tasks, key=lambda t: t.job != "ps"):  # servers first
+                self.start(task)
+            chief = self.tasks[0]
+            while True:
+                time.sleep(poll_seconds)
+                dead_ps = [t for t in self.tasks if t.job == "ps" and t.process.poll() is not None]
+                if dead_ps:
+                    # A restarted PS is empty: the chief must restore the last checkpoint.
+                    if chief.process.poll() is None:
+                        chief.process.kill()
+                        chief.process.wait()
+                    for t in dead_ps:
+                        self._restart(t, f"exited with {t.process.returncode}")
+                    self._restart(chief, "lost a parameter server")
+                    continue
+                for t in self.tasks:
+                    if t.job == "worker" and t.process.poll() is not None:
+                        self._restart(t, f"exited with {t.process.returncode}")
+                code = chief.process.poll()
+                if code is not None:
+                    return code
+        finally:
+            self.stop()

@@ -1,0 +1,96 @@
+"""A real PS cluster on loopback: `recflow launch` with 2 PS and 2 workers, a worker
+and then a PS killed mid-run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+STEPS = 240
+SETTINGS = [
+    "data.synthetic={rows: 6000, eval_rows: 500, seed: 11, schema: demo}",
+    "data.batch_size=64",
+    "train.epochs=null",
+    f"train.steps={STEPS}",
+    "train.checkpoint_every_steps=40",
+    "model.params={dnn: {hidden_units: [8]}}",
+]
+
+
+def pid_of(model_dir, job, index):
+    tasks = json.loads((model_dir / "cluster.json").read_text())["tasks"]
+    return next(t["pid"] for t in tasks if t["job"] == job and t["index"] == index)
+
+
+def wait_for(path, proc, timeout=400):
+    deadline = time.time() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"launcher exited early with {proc.returncode}"
+        assert time.time() < deadline, f"timed out waiting for {path}"
+        time.sleep(0.05)
+
+
+def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
+    model_dir = tmp_path / "ps"
+    command = [sys.executable, "-m", "recflow.cli", "launch", "configs/deepfm_demo.yaml",
+               "--ps", "2", "--workers", "2", "--model-dir", str(model_dir)]
+    for item in SETTINGS:
+        command += ["--set", item]
+    launcher = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    checkpoints = model_dir / "checkpoints"
+
+    wait_for(checkpoints / "ckpt-40.index", launcher)
+    os.kill(pid_of(model_dir, "worker", 1), signal.SIGKILL)  # its steps move to worker 0
+
+    wait_for(checkpoints / "ckpt-120.index", launcher)
+    os.kill(pid_of(model_dir, "ps", 1), signal.SIGKILL)  # shard 1 of every table is lost
+
+    out, err = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, err[-3000:]
+    assert "worker-1 exited" in err and "ps-1 exited" in err
+
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["steps"] == STEPS
+    tasks = json.loads((model_dir / "cluster.json").read_text())["tasks"]
+    assert sorted((t["job"], t["index"]) for t in tasks) == [
+        ("chief", 0), ("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)
+    ]
+    for task in tasks:  # no orphans
+        try:
+            os.kill(task["pid"], 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        assert not alive, f"{task['job']}-{task['index']} still running"
+    for name in ("chief-0", "ps-0", "ps-1", "worker-0", "worker-1"):
+        assert (model_dir / "logs" / f"{name}.log").exists()
+
+    tables = json.loads(
+        subprocess.run([sys.executable, "-m", "recflow.cli", "tables", str(model_dir), "--json"],
+                       env=ENV, check=True, capture_output=True, text=True).stdout
+    )["tables"]
+    for name in ("user", "item"):
+        shards = tables[name]["shards"]
+        assert len(shards) == 2 and min(shards) > 0, (name, shards)
+        assert sum(shards) == tables[name]["keys"]
+
+    # The export serves in plain TensorFlow.
+    export = model_dir / "export" / "1"
+    script = (
+        "import sys; sys.modules['recflow'] = None\n"
+        "import tensorflow as tf, numpy as np\n"
+        f"f = tf.saved_model.load({str(export)!r}).signatures['serving_default']\n"
+        "s = f.structured_input_signature[1]\n"
+        "feed = {k: tf.zeros([3], v.dtype) if v.dtype != tf.string else tf.constant(['a', 'b', 'c']) for k, v in s.items()}\n"
+        "p = f(**feed)['probability'].numpy()\n"
+        "assert p.shape == (3, 1) and np.all((p > 0) & (p < 1)), p\n"
+        "print('served')\n"
+    )
+    served = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True)
+    assert "served" in served.stdout, served.stderr[-2000:]
+    assert np.isfinite(metrics["auc"])
