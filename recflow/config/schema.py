@@ -418,6 +418,7 @@ class TrainConfig:
     keep_checkpoints: int = 3
     log_every_steps: int = 100
     seed: int = 7
+    xla: bool = False  # compile the tower's forward and backward pass with XLA
 
     def validate(self) -> None:
         _positive(self, "epochs", allow_none=True)

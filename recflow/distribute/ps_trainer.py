@@ -73,7 +73,7 @@ class PSTrainer(Trainer):
         iterator = self._per_worker_iterator()
         strategy = self.strategy
 
-        @tf.function
+        @tf.function(autograph=False)
         def worker_step(it):
             return strategy.run(model.train_step, args=(next(it),))
 

@@ -126,10 +126,11 @@ class EmbeddingEngine(tf.Module):
     def _assemble(self, group: _Group, emb: tf.Tensor, index: tf.Tensor, ids: dict) -> dict:
         """Gathers each use's rows from the unique embeddings and pools / pads them."""
         sizes = [tf.size(self._flat_ids(ids[u.feature.name])) for u in group.uses]
-        pieces = tf.split(index, sizes) if len(sizes) > 1 else [index]
+        # One gather for every use of the table (one scatter-add in the backward pass).
+        gathered = tf.gather(emb, index)
+        pieces = tf.split(gathered, sizes) if len(sizes) > 1 else [gathered]
         out = {}
-        for use, piece in zip(group.uses, pieces):
-            values = tf.gather(emb, piece)
+        for use, values in zip(group.uses, pieces):
             feature_ids = ids[use.feature.name]
             if not isinstance(feature_ids, tf.RaggedTensor):
                 out[use.output] = values

@@ -44,6 +44,12 @@ class RankingModel(keras.Model):
         self.embedding = EmbeddingEngine(config, placement, first_order=self.first_order)
         self.global_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
         self.bad_records = tf.Variable(0, dtype=tf.int64, trainable=False, name="bad_records")
+        # The tower is traced as its own function: AutoGraph converts user code here even
+        # when the step around it is traced without it; `train.xla` compiles it with XLA.
+        self._train_tower = tf.function(
+            lambda inputs: self.tower(inputs, training=True), jit_compile=config.train.xla
+        )
+        self._infer_tower = tf.function(lambda inputs: self.tower(inputs, training=False))
 
     # ------------------------------------------------------------------ the hook
 
@@ -94,7 +100,8 @@ class RankingModel(keras.Model):
         ids, dense = self.split_features(features)
         inputs = dict(dense)
         inputs.update(self.embedding.embed(ids))
-        logits = self._logits_by_head(self.tower(inputs, training=training))
+        tower = self._train_tower if training else self._infer_tower
+        logits = self._logits_by_head(tower(inputs))
         return {h.output: h.activate(logits[h.name]) for h in self.heads}
 
     def predict_raw(self, raw: dict) -> dict:
@@ -120,7 +127,7 @@ class RankingModel(keras.Model):
             tape.watch(rows)
             inputs = dict(dense)
             inputs.update(self.embedding.embed_step(states, ids))
-            logits = self._logits_by_head(self.tower(inputs, training=True))
+            logits = self._logits_by_head(self._train_tower(inputs))
             loss = self.compute_total_loss(labels, logits)
         variables = self.trainable_variables
         grads = tape.gradient(loss, list(variables) + rows)
