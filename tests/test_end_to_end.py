@@ -96,9 +96,9 @@ def test_export_serves_in_plain_tensorflow_and_matches(trained, tmp_path):
     assert served.shape == (50,)
 
     # The in-process model, restored from the checkpoint, scores the same rows the same way.
-    from recflow.training.trainer import Trainer
-
     import tensorflow as tf
+
+    from recflow.training.trainer import Trainer
 
     trainer = Trainer(config, model_dir=str(trained), verbose=0)
     assert trainer.restore() == 12

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import tensorflow as tf
