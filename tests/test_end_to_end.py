@@ -136,3 +136,27 @@ def test_evaluate_and_export_commands(trained):
     assert main(["evaluate", "configs/deepfm_demo.yaml", *args]) == 0
     assert main(["export", "configs/deepfm_demo.yaml", *args]) == 0
     assert sorted(os.listdir(trained / "export")) == ["1", "2"]
+
+
+def test_regression_task_exports_prediction(tmp_path):
+    model_dir = tmp_path / "reg"
+    train(model_dir, "task={type: regression, metrics: [mse, mae]}", "train.steps=4")
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert {"mse", "mae"} <= set(metrics) and "auc" not in metrics
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(str(model_dir / "export" / "1")).signatures["serving_default"]
+    assert list(serve.structured_outputs) == ["prediction"]
+
+
+def test_plan_shows_fused_groups(capsys):
+    assert main(["plan", "configs/deepfm_demo.yaml"]) == 0
+    out = capsys.readouterr().out
+    # user, item, category, city and tags agree on everything but item's optimizer config:
+    # the demo's item table sets adagrad explicitly, equal to the default, so all fuse.
+    assert "physical tables: 2" in out and "logical tables: 10" in out
+    assert "0:user (user_id)" in out and "1:item (item_id, hist_items)" in out
+    assert "item.linear" in out
+    capsys.readouterr()
+    assert main(["plan", "configs/deepfm_demo.yaml", "--set", "embedding.fusion=false"]) == 0
+    assert "physical tables: 10" in capsys.readouterr().out

@@ -132,3 +132,30 @@ def test_export_delta_command_after_more_training(trained, tmp_path, capsys):
     keys, _ = load_delta(model_dir, 16, "i")
     assert len(keys) == len(set(rows["item"][steps_of(rows) >= 6]))
     assert not [d for d in os.listdir(model_dir / "deltas") if d.startswith(".tmp")]
+
+
+def test_max_keys_keeps_the_most_frequent(tmp_path, capsys):
+    # Ten items with distinct counts (64 rows in all), in a shuffled order.
+    counts = {f"i{k}": c for k, c in enumerate([1, 2, 3, 4, 5, 6, 7, 8, 11, 17])}
+    items = np.array([k for k, c in counts.items() for _ in range(c)], dtype=object)
+    rows = raw_rows(seed=1)
+    rows["item"] = np.random.default_rng(2).permutation(items)
+    write_columns(str(tmp_path / "train.csv"), rows, "csv", labels=["click"])
+    model_dir = tmp_path / "run"
+    tables = {"u": {"dim": 4}, "i": {"dim": 4, "eviction": {"max_keys": 6}}}
+    config = write_config(tmp_path, str(tmp_path / "train.csv"), model_dir, **{"export.delta_every_steps": None})
+    assert main(["train", config, "--quiet", "--set", f"tables={tables}",
+                 "--set", "train.checkpoint_every_steps=8",
+                 "--set", "export.every_steps=4", "--set", "export.keep=1"]) == 0
+    stats = tables_json(model_dir, capsys)
+    assert stats["i"]["keys"] == 6
+    assert stats["u"]["keys"] == len(set(rows["user"]))
+    assert os.listdir(model_dir / "export") == ["3"]  # versions 1 (step 4), 2 (step 8), 3 (final); keep 1
+    # Which items survived: a delta since step 0 lists every row, keyed by the id of the string.
+    assert main(["export", str(model_dir / "config.yaml"), "--delta"]) == 0
+    keys, _ = load_delta(model_dir, 8, "i")
+    import tensorflow as tf
+
+    top6 = sorted(counts, key=counts.get)[-6:]  # counts 5, 6, 7, 8, 11, 17
+    expected = tf.strings.to_hash_bucket_fast(top6, 2**55).numpy()
+    assert sorted(keys.tolist()) == sorted(expected.tolist())
