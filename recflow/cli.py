@@ -49,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     with_config("evaluate", "evaluate the latest checkpoint; writes metrics.json")
     p = with_config("export", "write a new SavedModel version (or a delta) from the latest checkpoint")
     p.add_argument("--delta", action="store_true", help="write deltas/<step>/ instead")
-    with_config("plan", "print the fused-table plan, shard placement and memory estimate")
+    p = with_config("plan", "print the fused-table plan, shard placement and memory estimate")
+    p.add_argument("--ps", type=int, default=1, help="parameter servers to place shards on")
+    p.add_argument("--keys", type=int, default=1_000_000, help="keys per logical table for the estimate")
 
     p = with_config("launch", "start a local multi-process PS cluster on loopback and train on it")
     p.add_argument("--ps", type=int, required=True, help="parameter-server tasks")
@@ -201,9 +203,11 @@ def cmd_predict(args) -> int:
 
 def cmd_plan(args) -> int:
     config = _load(args)  # before the import below, which loads TensorFlow
+    if args.ps < 1 or args.keys < 1:
+        raise RecflowError("plan: --ps and --keys must be positive integers")
     from recflow.embedding.report import format_plan
 
-    print(format_plan(config))
+    print(format_plan(config, keys_per_table=args.keys, num_shards=args.ps))
     return 0
 
 

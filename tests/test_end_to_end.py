@@ -158,5 +158,6 @@ def test_plan_shows_fused_groups(capsys):
     assert "0:user (user_id)" in out and "1:item (item_id, hist_items)" in out
     assert "item.linear" in out
     capsys.readouterr()
-    assert main(["plan", "configs/deepfm_demo.yaml", "--set", "embedding.fusion=false"]) == 0
-    assert "physical tables: 10" in capsys.readouterr().out
+    assert main(["plan", "configs/deepfm_demo.yaml", "--ps", "4", "--set", "embedding.fusion=false"]) == 0
+    out = capsys.readouterr().out
+    assert "physical tables: 10" in out and "key mod 4" in out and "~250,000 keys" in out
