@@ -108,7 +108,3 @@ class PSTrainer(Trainer):
         elapsed = time.perf_counter() - began
         examples = (step - start) * config.data.batch_size  # full batches on an endless stream
         return self.finish(examples, elapsed, start)
-
-    def shard_sizes(self) -> dict[str, list[int]]:
-        return {g.spec.name: g.table.shard_sizes() for g in self.model.embedding.groups}
-

@@ -247,6 +247,3 @@ class EmbeddingEngine(tf.Module):
             keys, rows = group.table.export_shard(shard)
         emb, _, count, last = group.layout.split(rows)
         return keys, emb, count, last
-
-    def size(self) -> int:
-        return int(sum(int(g.table.size()) for g in self.groups))

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from recflow.atomic import staged_dir
 from recflow.embedding.engine import EmbeddingEngine
-from recflow.features.keys import slot_of
+from recflow.features.keys import ID_MASK, slot_of
 
 
 def evict(engine: EmbeddingEngine, step: int) -> dict[str, int]:
@@ -55,7 +55,7 @@ def updated_rows(engine: EmbeddingEngine, since_step: int) -> dict[str, tuple[np
         slots = slot_of(keys)
         for slot, logical in enumerate(group.spec.logical):
             pick = fresh & (slots == slot)
-            ids = keys[pick] & ((1 << 55) - 1)
+            ids = keys[pick] & ID_MASK
             out[logical.name] = (ids.astype(np.int64), emb[pick].astype(np.float32))
     return out
 

@@ -105,6 +105,3 @@ class ShardedTable(tf.Module):
 
     def size(self) -> tf.Tensor:
         return tf.add_n([table.size() for table in self.shards])
-
-    def shard_sizes(self) -> list[int]:
-        return [int(table.size()) for table in self.shards]
