@@ -113,7 +113,8 @@ def _require_checkpoint(trainer) -> None:
 
 
 def _format_metrics(result: dict) -> str:
-    keys = [k for k in result if k.split("/")[-1] in ("auc", "gauc", "logloss", "mse", "mae", "rmse", "accuracy")]
+    names = ("auc", "gauc", "logloss", "mse", "mae", "rmse", "accuracy")
+    keys = [k for k in result if k.split("/")[-1] in names or k.startswith("recall@")]
     parts = [f"{k} {result[k]:.4f}" for k in keys]
     if "oracle_auc" in result:
         parts.append(f"(oracle auc {result['oracle_auc']:.4f})")
@@ -197,7 +198,7 @@ def cmd_predict(args) -> int:
     from recflow.export.predict import predict_file
 
     for value in predict_file(args.export_dir, args.data_file, args.batch_size):
-        print(f"{value:.6f}")
+        print(value if isinstance(value, str) else f"{value:.6f}")
     return 0
 
 

@@ -371,7 +371,10 @@ _METRICS = {
 
 @dataclass(frozen=True)
 class TaskConfig:
-    type: Literal["binary", "regression", "multitask"] = "binary"
+    """The task. `retrieval`: every row with label > 0 is a positive (query, candidate)
+    pair; the loss is a softmax over the batch's candidates (in-batch negatives)."""
+
+    type: Literal["binary", "regression", "multitask", "retrieval"] = "binary"
     metrics: tuple[str, ...] | None = None  # defaults by type
     group_by: str | None = None  # the feature that groups examples for gauc
     tasks: tuple[TaskSpec, ...] = ()  # multitask heads
@@ -381,6 +384,15 @@ class TaskConfig:
             raise ConfigError("tasks", "required for type 'multitask'")
         if self.type != "multitask" and self.tasks:
             raise ConfigError("tasks", "only allowed for type 'multitask'")
+        if self.type == "retrieval":
+            for i, metric in enumerate(self.metrics or ()):
+                prefix, _, k = str(metric).partition("@")
+                if prefix != "recall" or not (k.isascii() and k.isdigit()) or k.startswith("0"):
+                    raise ConfigError(
+                        f"metrics[{i}]",
+                        f"expected 'recall@K' with K a positive integer, got {metric!r}",
+                    )
+            return
         kinds = {t.type for t in self.tasks} if self.tasks else {self.type}
         allowed = sorted({m for k in kinds for m in _METRICS[k]})
         for i, metric in enumerate(self.metrics or ()):
@@ -391,6 +403,8 @@ class TaskConfig:
 
     def metric_names(self, kind: str) -> tuple[str, ...]:
         """The metrics computed for a head of type `kind`."""
+        if kind == "retrieval":
+            return tuple(self.metrics or ("recall@10",))
         default = ("auc", "logloss") if kind == "binary" else ("mse",)
         return tuple(m for m in (self.metrics or default) if m in _METRICS[kind])
 

@@ -54,8 +54,9 @@ def _typed(path: str, name: str, values: list, dtype: tf.DType) -> np.ndarray:
     return np.array(["" if v is None else str(v) for v in values], dtype=object)
 
 
-def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Iterator[float]:
-    """Yields the first output (probability / prediction) of each row, in file order."""
+def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Iterator[float | str]:
+    """Yields the first output of each row, in file order: a probability / prediction,
+    or a space-joined embedding for a retrieval export."""
     if not os.path.exists(os.path.join(export_dir, "saved_model.pb")):
         raise RecflowError(f"{export_dir}: not a SavedModel directory")
     if not os.path.exists(data_file):
@@ -70,4 +71,8 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
     rows = len(columns[names[0]]) if names else 0
     for start in range(0, rows, batch_size):
         batch = {n: tf.constant(c[start : start + batch_size], specs[n].dtype) for n, c in columns.items()}
-        yield from serve(**batch)[output].numpy().reshape(-1).tolist()
+        values = serve(**batch)[output].numpy()
+        if values.ndim == 2 and values.shape[1] > 1:
+            yield from (" ".join(f"{v:.6f}" for v in row) for row in values)
+        else:
+            yield from values.reshape(-1).tolist()

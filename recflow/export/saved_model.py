@@ -4,6 +4,10 @@
 splitting, normalization and the table lookups in the graph. The export holds
 embedding rows only (no optimizer slots, no metadata) in core `DenseHashTable`s,
 so it loads with `tf.saved_model.load` in a process without recflow.
+
+A retrieval model (`RetrievalModel`) exports two signatures instead, each over
+its own side's raw columns: `query` -> {"embedding": [B, d]} and `candidate`
+-> {"embedding": [B, d]}; `serving_default` is the `query` signature.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from recflow.atomic import staged_dir
 from recflow.config.loader import dump_config
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY
 from recflow.features.transform import serving_dtype, transform
-from recflow.models.base import RankingModel
+from recflow.models.base import RankingModel, RetrievalModel
 
 
 class ServingModule(tf.Module):
@@ -53,21 +57,57 @@ class ServingModule(tf.Module):
         def read(i, keys):
             return tf.reshape(self.tables[i].lookup(keys), [-1, dims[i]])
 
-        def serve(raw):
-            features = transform(config, raw)
-            ids, dense = model.split_features(features)
+        def embed(raw):
+            # A signature over some of the features (a retrieval side) feeds the others empty.
+            batch = tf.shape(next(iter(raw.values())))[:1]
+            raw = {
+                f.name: raw[f.name] if f.name in raw else _empty(f, batch) for f in config.features
+            }
+            ids, dense = model.split_features(transform(config, raw))
             inputs = dict(dense)
             inputs.update(engine.embed_with(ids, read))
-            logits = model._logits_by_head(model.tower(inputs, training=False))
+            return inputs
+
+        def serve(raw):
+            logits = model._logits_by_head(model.tower(embed(raw), training=False))
             return {h.output: tf.reshape(h.activate(logits[h.name]), [-1, 1]) for h in model.heads}
 
-        signature = {
-            f.name: tf.TensorSpec([None], serving_dtype(f), name=f.name) for f in config.features
-        }
-        self.serve = tf.function(serve, input_signature=[signature])
-        self.serving_default = self.serve.get_concrete_function()
+        def signature(names):
+            features = [config.feature(n) for n in names]
+            return {f.name: tf.TensorSpec([None], serving_dtype(f), name=f.name) for f in features}
+
+        if isinstance(model, RetrievalModel):
+            self.query = tf.function(
+                lambda raw: {"embedding": model.side_tower("query", embed(raw))},
+                input_signature=[signature(model.query_features)],
+            )
+            self.candidate = tf.function(
+                lambda raw: {"embedding": model.side_tower("candidate", embed(raw))},
+                input_signature=[signature(model.candidate_features)],
+            )
+            self.serving_default = self.query.get_concrete_function()
+            self.serving_signatures = {
+                "serving_default": self.serving_default,
+                "query": self.serving_default,
+                "candidate": self.candidate.get_concrete_function(),
+            }
+        else:
+            self.serve = tf.function(
+                serve, input_signature=[signature(f.name for f in config.features)]
+            )
+            self.serving_default = self.serve.get_concrete_function()
+            self.serving_signatures = {"serving_default": self.serving_default}
         # Traced first: a model restored without a step creates its weights here.
         self.dense_variables = list(model.variables)
+
+
+def _empty(feature, batch: tf.Tensor) -> tf.Tensor:
+    """A column of empty raw values: -1 (int64), "" (string) or NaN (float32)."""
+    dtype = serving_dtype(feature)
+    value = {tf.int64: tf.constant(-1, tf.int64), tf.string: tf.constant("")}.get(
+        dtype, tf.constant(float("nan"))
+    )
+    return tf.fill(batch, value)
 
 
 def _buckets(n: int) -> int:
@@ -92,9 +132,7 @@ def export_saved_model(model: RankingModel, model_dir: str, keep: int | None = N
     final = os.path.join(export_dir, str(next_version(export_dir)))
     module = ServingModule(model)
     with staged_dir(final) as tmp:
-        tf.saved_model.save(
-            module, tmp, signatures={"serving_default": module.serving_default}
-        )
+        tf.saved_model.save(module, tmp, signatures=module.serving_signatures)
         extra = os.path.join(tmp, "assets.extra")
         os.makedirs(extra, exist_ok=True)
         dump_config(model.config, os.path.join(extra, "recflow_config.yaml"))

@@ -11,6 +11,7 @@ the task heads and their losses, `train_step`, and the inputs the tower sees:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import tensorflow as tf
@@ -60,9 +61,11 @@ class RankingModel(keras.Model):
     # ------------------------------------------------------------------ helpers for towers
 
     def pooled(self, inputs: dict) -> list[tf.Tensor]:
-        """Every sparse feature as `[B, dim]`; sequences mean-pooled over their mask."""
+        """Every sparse feature in `inputs` as `[B, dim]`; sequences mean-pooled over their mask."""
         out = []
         for feature in self.config.sparse_features:
+            if feature.name not in inputs:  # a retrieval tower sees only its side's features
+                continue
             value = inputs[feature.name]
             if feature.kind == "sequence":
                 mask = tf.cast(inputs[feature.name + MASK_OUTPUT], value.dtype)[:, :, None]
@@ -71,8 +74,8 @@ class RankingModel(keras.Model):
         return out
 
     def numeric(self, inputs: dict) -> tf.Tensor | None:
-        """All numeric features concatenated, `[B, n]`, or None when there are none."""
-        values = [inputs[f.name] for f in self.config.numeric_features]
+        """All numeric features in `inputs` concatenated, `[B, n]`, or None when there are none."""
+        values = [inputs[f.name] for f in self.config.numeric_features if f.name in inputs]
         return tf.concat(values, axis=1) if values else None
 
     def first_order_logit(self, inputs: dict) -> tf.Tensor:
@@ -89,6 +92,8 @@ class RankingModel(keras.Model):
         return ids, dense
 
     def _logits_by_head(self, outputs) -> dict:
+        if self.heads[0].type == "retrieval":  # one head; outputs {"query": .., "candidate": ..}
+            return {self.heads[0].name: outputs}
         if isinstance(outputs, dict):
             return {h.name: outputs[h.name] for h in self.heads}
         if len(self.heads) != 1:
@@ -137,12 +142,126 @@ class RankingModel(keras.Model):
         return {"loss": loss}
 
 
+class RetrievalModel(RankingModel):
+    """Base two-tower retrieval model, for `task.type: retrieval`.
+
+    Args:
+        config: the run config.
+        query_features: names of the features the query tower reads.
+        candidate_features: names of the features the candidate tower reads;
+            disjoint from `query_features`, and together they cover every feature.
+        temperature: the loss divides the query-candidate dot products by it
+            (None: 1).
+        logq_correction: correct the loss for how often each candidate occurs in
+            the batch (see `recflow.models.heads.retrieval_loss`).
+        placement: embedding shard placement (parameter servers); local by default.
+
+    Subclasses override `query_tower(inputs, training)` and
+    `candidate_tower(inputs, training)`, each returning embeddings `[B, d]`;
+    each side receives only the tower inputs of its own features. `tower` returns
+    `{"query": [B, d], "candidate": [B, d]}`, and the model's output is
+    `{"embeddings": {"query": .., "candidate": ..}}`. The loss is an in-batch
+    softmax (`recflow.models.heads.retrieval_loss`). The export has a `query` and
+    a `candidate` signature, each over its own features' raw columns.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        query_features,
+        candidate_features,
+        temperature: float | None = None,
+        logq_correction: bool = True,
+        placement: Placement | None = None,
+        **kwargs,
+    ):
+        names = [f.name for f in config.features]
+        sides = {}
+        for arg, value in (
+            ("query_features", query_features),
+            ("candidate_features", candidate_features),
+        ):
+            if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+                raise ValueError(
+                    f"`{arg}` must be a non-empty list of feature names. Received: {arg}={value!r}"
+                )
+            for name in value:
+                if name not in names:
+                    raise ValueError(f"`{arg}`: no feature {name!r} (features: {', '.join(names)})")
+            if len(set(value)) != len(value):
+                raise ValueError(f"`{arg}` lists a feature twice. Received: {arg}={value!r}")
+            sides[arg] = tuple(value)
+        both = [
+            n for n in names if n in sides["query_features"] and n in sides["candidate_features"]
+        ]
+        if both:
+            raise ValueError(
+                f"feature {both[0]!r} is in both `query_features` and `candidate_features`"
+            )
+        neither = [
+            n for n in names if n not in sides["query_features"] + sides["candidate_features"]
+        ]
+        if neither:
+            raise ValueError(
+                f"feature {neither[0]!r} is in neither `query_features` nor `candidate_features`"
+                " (every feature feeds one tower)"
+            )
+        if temperature is not None and (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, (int, float))
+            or temperature <= 0
+        ):
+            raise ValueError(
+                f"`temperature` must be a positive number. Received: temperature={temperature!r}"
+            )
+        if not isinstance(logq_correction, bool):
+            raise ValueError(
+                f"`logq_correction` must be a bool. Received: logq_correction={logq_correction!r}"
+            )
+        super().__init__(config, placement=placement, **kwargs)
+        self.query_features = sides["query_features"]
+        self.candidate_features = sides["candidate_features"]
+        self.heads = [
+            dataclasses.replace(h, temperature=temperature, logq_correction=logq_correction)
+            for h in self.heads
+        ]
+
+    def query_tower(self, inputs: dict, training: bool = False) -> tf.Tensor:
+        """Query-side tower inputs -> query embeddings `[B, d]`. Subclasses implement this."""
+        raise NotImplementedError(f"{type(self).__name__} must implement `query_tower`")
+
+    def candidate_tower(self, inputs: dict, training: bool = False) -> tf.Tensor:
+        """Candidate-side tower inputs -> candidate embeddings `[B, d]`. Subclasses implement this."""
+        raise NotImplementedError(f"{type(self).__name__} must implement `candidate_tower`")
+
+    def side_tower(self, side: str, inputs: dict, training: bool = False) -> tf.Tensor:
+        """The embeddings of one side ("query" or "candidate") from all tower inputs."""
+        names = self.query_features if side == "query" else self.candidate_features
+        own = {k: v for k, v in inputs.items() if k.split("/")[0] in names}  # "<name>/mask" too
+        tower = self.query_tower if side == "query" else self.candidate_tower
+        return tower(own, training=training)
+
+    def tower(self, inputs: dict, training: bool = False) -> dict:
+        return {side: self.side_tower(side, inputs, training) for side in ("query", "candidate")}
+
+
 def build_model(config: Config, placement: Placement | None = None) -> RankingModel:
     """Instantiates `config.model` with its params."""
     from recflow.errors import ConfigError
     from recflow.models.registry import get_model_class
 
     cls = get_model_class(config.model.type)
+    retrieval = config.task.type == "retrieval"
+    if retrieval and not issubclass(cls, RetrievalModel):
+        raise ConfigError(
+            "model.type",
+            f"task.type 'retrieval' needs a retrieval model (e.g. 'two_tower'), got {config.model.type!r}",
+        )
+    if issubclass(cls, RetrievalModel) and not retrieval:
+        raise ConfigError(
+            "task.type",
+            f"model {config.model.type!r} is a retrieval model: expected 'retrieval', got {config.task.type!r}",
+        )
     params = config.model.params
     try:
         inspect.signature(cls).bind(config, placement=placement, **params)

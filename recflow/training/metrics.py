@@ -71,6 +71,59 @@ def rmse(labels, predictions) -> float:
     return float(np.sqrt(mse(labels, predictions)))
 
 
+def recall_at_k(queries, candidates, targets, k: int, chunk: int = 1024) -> float:
+    """Recall@k of exact retrieval: the share of queries whose true candidate ranks in the top k.
+
+    Each query is scored against every candidate by dot product. Ties are broken
+    at random, in expectation: with g other candidates scoring higher and t others
+    scoring the same, a query counts `clip((k - g) / (t + 1), 0, 1)`. So a model
+    that scores everything alike gets exactly the random baseline `k / n`.
+
+    Args:
+        queries: `[Q, d]` query embeddings.
+        candidates: `[N, d]` embeddings of the distinct candidates.
+        targets: `[Q]` index in `candidates` of each query's true candidate.
+        k: cut-off, a positive integer.
+        chunk: queries scored at a time (memory `chunk * N`).
+
+    Returns NaN when there are no queries.
+    """
+    queries = np.asarray(queries, np.float32)
+    candidates = np.asarray(candidates, np.float32)
+    targets = np.asarray(targets, np.int64).reshape(-1)
+    if queries.shape[0] != targets.size:
+        raise ValueError(f"{queries.shape[0]} queries but {targets.size} targets")
+    if not targets.size:
+        return float("nan")
+    hits = 0.0
+    for start in range(0, targets.size, chunk):
+        scores = queries[start : start + chunk] @ candidates.T
+        rows = np.arange(scores.shape[0])
+        true = scores[rows, targets[start : start + chunk]][:, None]
+        higher = (scores > true).sum(axis=1)
+        ties = (scores == true).sum(axis=1) - 1  # other candidates with the same score
+        hits += float(np.clip((k - higher) / (ties + 1.0), 0.0, 1.0).sum())
+    return hits / targets.size
+
+
+def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
+    """Groups equal rows of parallel columns (values compared exactly, NaN equal to NaN).
+
+    Returns:
+        (index [n]: row -> its distinct value, first [u]: the first row of each distinct value).
+    """
+    keys = []
+    for column in columns:
+        column = np.asarray(column).reshape(len(column), -1)
+        if column.dtype.kind == "f":  # compare bit patterns: NaN == NaN
+            column = np.ascontiguousarray(column, np.float64).view(np.int64)
+        keys.append([tuple(row) for row in column.tolist()])
+    seen: dict = {}
+    index = np.array([seen.setdefault(key, len(seen)) for key in zip(*keys)], np.int64)
+    _, first = np.unique(index, return_index=True)
+    return index, first
+
+
 def compute(name: str, labels, predictions, groups=None) -> float:
     """One named metric (`task.metrics` names)."""
     if name == "gauc":

@@ -66,6 +66,7 @@ class Trainer:
         self.config = config
         self.model_dir = model_dir or config.train.model_dir
         self.verbose = verbose
+        keras.utils.set_random_seed(config.train.seed)  # dense initial weights, dropout
         self.model: RankingModel = build_model(config, placement)
         self.model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
         self._checkpoint = None
@@ -262,6 +263,8 @@ class Trainer:
         config = self.config
         split = "eval" if (config.data.eval or config.data.format == "synthetic") else "train"
         model = self.model
+        if model.heads[0].type == "retrieval":
+            return self._evaluate_retrieval(split)
         dataset = self.dataset(split, epochs=1, shuffle=False)
         predict = tf.function(
             lambda f: model(f, training=False),
@@ -293,6 +296,47 @@ class Trainer:
         result["eval_bad_records"] = bad
         return result
 
+    def _evaluate_retrieval(self, split: str) -> dict:
+        """recall@K: each positive row's query against every distinct candidate of the split.
+
+        Candidates are deduplicated by the raw values of the candidate features;
+        `eval_candidates` is their number (a random ranking scores K / eval_candidates).
+        """
+        config, model = self.config, self.model
+        head = model.heads[0]
+        dataset = data_lib.make_dataset(config, split, epochs=1, shuffle=False)  # raw columns
+        predict = tf.function(
+            lambda raw: model(transform(config, raw), training=False)[head.output],
+            input_signature=[dataset.element_spec[0]],
+            autograph=False,
+        )
+        queries, candidates, labels, bad = [], [], [], 0
+        columns = {name: [] for name in model.candidate_features}
+        for raw, batch_labels, batch_bad in dataset:
+            out = predict(raw)
+            queries.append(out["query"].numpy())
+            candidates.append(out["candidate"].numpy())
+            labels.append(batch_labels[head.label].numpy().reshape(-1))
+            for name, values in columns.items():
+                values.append(raw[name].numpy())
+            bad += int(batch_bad)
+        y = np.concatenate(labels) if labels else np.zeros(0)
+        positive = y > 0
+        result = {"eval_split": split, "eval_examples": int(y.size)}
+        result["eval_queries"] = int(positive.sum())
+        index, first = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        if y.size:
+            index, first = metrics_lib.distinct_rows([np.concatenate(c) for c in columns.values()])
+        result["eval_candidates"] = int(first.size)
+        if positive.any():
+            q, c = np.concatenate(queries)[positive], np.concatenate(candidates)[first]
+        for name in config.task.metric_names(head.type):
+            k = int(name.partition("@")[2])
+            value = metrics_lib.recall_at_k(q, c, index[positive], k) if positive.any() else np.nan
+            result[name] = round(float(value), 6)
+        result["eval_bad_records"] = bad
+        return result
+
     def run(self, train: Callable[[], dict] | None = None) -> dict:
         """train -> evaluate -> export -> metrics.json; returns the metrics.
 
@@ -304,7 +348,7 @@ class Trainer:
         result = self.evaluate() if evaluate else {"eval_bad_records": 0}
         result.update(summary)
         result["bad_records"] = int(self.model.bad_records) + result.pop("eval_bad_records")
-        if self.config.data.format == "synthetic":
+        if self.config.data.format == "synthetic" and self.config.task.type != "retrieval":
             oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
             result["oracle_auc"] = round(float(oracle), 6)
         result["export"] = self.export()
