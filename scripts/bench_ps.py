@@ -51,9 +51,9 @@ def run_job(command: str, model_dir: str, extra: list[str], sets: list[str]) -> 
 
 def op_counts(max_ps: int) -> list[dict]:
     """Cross-process lookups/inserts per step from the traced graph, fused vs unfused."""
-    import recflow  # noqa: F401  (Keras 2)
     import tensorflow as tf
 
+    import recflow  # noqa: F401  (Keras 2)
     from recflow.config import load_config
     from recflow.data import make_dataset
     from recflow.distribute.cluster import ps_devices
