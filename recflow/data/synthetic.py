@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 
 from recflow.config.schema import SyntheticOptions
+from recflow.training.metrics import auc
 
 _TARGET_STD = 1.4  # std of the logit: sets the oracle AUC near 0.8
 _TARGET_CTR = 0.25
@@ -56,24 +57,6 @@ def label_columns(schema: str) -> tuple[str, ...]:
     """The label columns of a schema (0/1 int64 values)."""
     columns(schema)
     return _LABELS[schema]
-
-
-def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC by ranks (Mann-Whitney U); tied scores share their average rank.
-
-    Returns NaN when the labels hold only one class.
-    """
-    y = np.asarray(labels).astype(bool).ravel()
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    n_pos = int(y.sum())
-    n_neg = y.size - n_pos
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    _, inverse, counts = np.unique(s, return_inverse=True, return_counts=True)
-    ends = np.cumsum(counts)
-    mean_rank = (ends - counts + 1 + ends) / 2.0  # ranks are 1-based
-    rank_sum = mean_rank[inverse][y].sum()
-    return float((rank_sum - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
 
 
 def generate(options: SyntheticOptions, split: str) -> tuple[dict[str, np.ndarray], float]:
