@@ -117,14 +117,9 @@ def run_recflow(config, model_dir: str, export: bool = False) -> dict:
     Returns the trainer's summary and metrics plus `build_seconds`, `fit_seconds`,
     `eval_seconds`, `export_seconds` and `job_seconds` (wall time of the whole job).
     """
-    import tf_keras as keras
-
     from recflow.training.trainer import Trainer
 
-    gc.collect()
-    # recflow seeds embeddings and shuffling from the config but leaves Keras' dense
-    # initializers unseeded; seed them so repeated runs give the same AUC.
-    keras.utils.set_random_seed(config.train.seed)
+    gc.collect()  # the Trainer seeds everything from `train.seed`
     began = time.perf_counter()
     trainer = Trainer(config, model_dir, verbose=0)
     built = time.perf_counter()
@@ -291,7 +286,7 @@ def fmt(value, digits: int = 3) -> str:
             return "-"
         if abs(value) >= 1000:
             return f"{value:,.0f}"
-        return f"{value:.{digits}f}"
+        return f"{value:.{digits + 1 if abs(value) < 1 else digits}f}"
     return str(value)
 
 
