@@ -10,7 +10,6 @@ Deltas and export versions are written on their schedules; a stop request
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import Callable
 
@@ -19,8 +18,6 @@ import tensorflow as tf
 from recflow.data import sources
 from recflow.errors import DataError
 from recflow.training.trainer import Trainer, saved_value
-
-logger = logging.getLogger(__name__)
 
 
 class StreamState(tf.Module):

@@ -116,14 +116,16 @@ class Trainer:
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, self.checkpoint_dir, max_to_keep=self.config.train.keep_checkpoints
         )
+        if not restore:
+            return  # a new input pass of a run already restored
         latest = self._manager.latest_checkpoint
-        if latest and restore:
+        if latest:
             self._checkpoint.restore(latest).expect_partial()
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
-        state = os.path.join(self.model_dir, "deltas")
-        if os.path.isdir(state):
-            steps = [int(d) for d in os.listdir(state) if d.isdigit()]
+        deltas = os.path.join(self.model_dir, "deltas")
+        if os.path.isdir(deltas):
+            steps = [int(d) for d in os.listdir(deltas) if d.isdigit()]
             self._last_delta_step = max(steps, default=0)
 
     def restore(self) -> int:
