@@ -107,13 +107,15 @@ def main(argv=None) -> int:
         "train": {"sparse_optimizer": {"type": args.optimizer}},
     })  # fmt: skip
     engine = EmbeddingEngine(config)
-    if len(engine.groups) != 1:
-        raise SystemExit(f"bench_lookup: expected one fused table, got {len(engine.groups)}")
-    group = engine.groups[0]
+    if len(engine.physical_tables) != 1:
+        raise SystemExit(
+            f"bench_lookup: expected one fused table, got {len(engine.physical_tables)}"
+        )
+    group = engine.physical_tables[0]
     width = group.layout.width
     rng = np.random.default_rng(args.seed)
 
-    # Feature f's row r has id vocab_ids[f, r]: its engine key encode(id, slot), Variable row f*vocab+r.
+    # Feature f's row r has id vocab_ids[f, r]: its table key encode(id, slot), Variable row f*vocab+r.
     if args.ids == "hashed":
         vocab_ids = rng.integers(0, 1 << ID_BITS, (args.features, vocab), dtype=np.int64)
     else:
@@ -128,9 +130,9 @@ def main(argv=None) -> int:
         keys = encode(tf.constant(vocab_ids[f]), use.slot)
         for start in range(0, vocab, chunk):
             k = keys[start : start + chunk]
-            group.table.insert(k, tf.random.normal([tf.size(k), width], stddev=0.01))
+            group.rows.insert(k, tf.random.normal([tf.size(k), width], stddev=0.01))
             bare.insert(k, tf.random.normal([tf.size(k), args.dim], stddev=0.01))
-    loaded = int(group.table.size())
+    loaded = int(group.rows.size())
     print(
         f"preloaded {loaded:,} keys ({args.features} features x {vocab:,} ids), engine row width "
         f"{width} floats ({args.optimizer}), dim {args.dim}, in {time.perf_counter() - began:.1f}s",
@@ -144,7 +146,9 @@ def main(argv=None) -> int:
         rows = zipf_ranks(rng, vocab, (args.batch, args.features), args.zipf).astype(np.int64)
         ids = np.take_along_axis(vocab_ids.T, rows, axis=0)  # [batch, features]
         batches_ids.append({n: tf.constant(ids[:, i]) for i, n in enumerate(names)})
-        batches_keys.append(tf.constant((ids | (slots[None, :] << ID_BITS)).T.reshape(-1)))
+        batches_keys.append(
+            tf.concat([encode(tf.constant(ids[:, i]), int(s)) for i, s in enumerate(slots)], 0)
+        )
         batches_rows.append(
             tf.constant(rows + np.arange(args.features, dtype=np.int64)[None, :] * vocab)
         )
@@ -159,7 +163,7 @@ def main(argv=None) -> int:
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
     def table_unique(keys):
         unique, index = tf.unique(keys)
-        rows = group.table.lookup(unique)[:, : args.dim]
+        rows = group.rows.lookup(unique)[:, : args.dim]
         return tf.gather(rows, index)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])

@@ -87,7 +87,7 @@ def op_counts(max_ps: int) -> list[dict]:
             rows.append({
                 "fusion": fusion,
                 "num_ps": num_ps,
-                "physical_tables": len(model.embedding.groups),
+                "physical_tables": len(model.embedding.physical_tables),
                 "lookups": sum(n.op == "LookupTableFindV2" for n in remote),
                 "inserts": sum(n.op == "LookupTableInsertV2" for n in remote),
             })

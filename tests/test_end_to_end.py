@@ -149,7 +149,7 @@ def test_regression_task_exports_prediction(tmp_path):
     assert list(serve.structured_outputs) == ["prediction"]
 
 
-def test_plan_shows_fused_groups(capsys):
+def test_plan_shows_physical_tables(capsys):
     assert main(["plan", "configs/deepfm_demo.yaml"]) == 0
     out = capsys.readouterr().out
     # user, item, category, city and tags agree on everything but item's optimizer config:
@@ -160,4 +160,4 @@ def test_plan_shows_fused_groups(capsys):
     capsys.readouterr()
     assert main(["plan", "configs/deepfm_demo.yaml", "--ps", "4", "--set", "embedding.fusion=false"]) == 0
     out = capsys.readouterr().out
-    assert "physical tables: 10" in out and "key mod 4" in out and "~250,000 keys" in out
+    assert "physical tables: 10" in out and "(key >> 32) mod 4" in out and "~250,000 keys" in out

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 from recflow.config import config_from_dict
 from recflow.embedding.rows import RowLayout
-from recflow.features.keys import ID_MASK, encode, slot_of
+from recflow.features.keys import ID_MASK, decode, encode
 from recflow.features.transform import transform
 from recflow.models import RankingModel, build_model, register_model
 from recflow.training.trainer import make_dense_optimizer
@@ -50,8 +50,8 @@ def sigmoid(x):
 
 def preset(model, keys, emb, slots):
     """Writes known rows so the first update starts from known values."""
-    group = model.embedding.groups[0]
-    layout = group.layout
+    table = model.embedding.physical_tables[0]
+    layout = table.layout
     n = len(keys)
     rows = layout.pack(
         tf.constant(emb, tf.float32),
@@ -59,7 +59,7 @@ def preset(model, keys, emb, slots):
         tf.ones([n], tf.int32),
         tf.zeros([n], tf.int32),
     )
-    group.table.insert(tf.constant(keys, tf.int64), rows)
+    table.rows.insert(encode(tf.constant(keys, tf.int64), 0), rows)
 
 
 def numpy_step(opt, e, s, g, t):
@@ -123,7 +123,8 @@ def test_sparse_optimizer_matches_numpy(opt, num_slots):
         e_new, s_new = e.copy(), s.copy()
         e_new[touched], s_new[touched] = numpy_step(opt, e[touched], s[touched], g[touched], t)
         e, s = e_new, s_new
-        rows = model.embedding.groups[0].table.lookup(tf.constant(keys)).numpy()
+        table = model.embedding.physical_tables[0]
+        rows = table.rows.lookup(encode(tf.constant(keys), 0)).numpy()
         got_e, got_s, count, last = RowLayout(3, num_slots).split_numpy(rows)
         np.testing.assert_allclose(got_e, e, rtol=2e-5, atol=1e-6)
         np.testing.assert_allclose(got_s, s, rtol=2e-5, atol=1e-6)
@@ -148,8 +149,8 @@ RAW = {
 }
 
 
-def distinct_keys(min_count=1):
-    """Expected keys per logical table, from the raw rows by hand."""
+def distinct_ids(min_count=1):
+    """Expected ids per logical table, from the raw rows by hand (strings by their fingerprint)."""
     counts = {"u": {}, "i": {}, "tags": {}}
     for value in RAW["user"]:
         counts["u"][value] = counts["u"].get(value, 0) + 1
@@ -161,15 +162,21 @@ def distinct_keys(min_count=1):
     for value in RAW["tags"]:
         for token in [t for t in value.split("|") if t]:
             counts["tags"][token] = counts["tags"].get(token, 0) + 1
-    return {t: {k for k, c in kc.items() if c >= min_count} for t, kc in counts.items()}
-
-
-def keys_per_logical(model):
     out = {}
-    for group in model.embedding.groups:
-        keys = group.table.export()[0].numpy()
-        for slot, logical in enumerate(group.spec.logical):
-            out[logical.name] = int(np.sum(slot_of(keys) == slot))
+    for table, kc in counts.items():
+        kept = [k for k, c in kc.items() if c >= min_count]
+        if table != "u":
+            kept = tf.strings.to_hash_bucket_fast(kept, 2**55).numpy().tolist() if kept else []
+        out[table] = {int(k) for k in kept}
+    return out
+
+
+def ids_per_logical(model):
+    """Raw ids with a row per logical table; fails if a table holds an id twice."""
+    out = {}
+    for name, rows in model.embedding.logical_rows().items():
+        assert len(set(rows.ids.tolist())) == rows.ids.size, f"{name} holds an id twice"
+        out[name] = set(rows.ids.tolist())
     return out
 
 
@@ -179,29 +186,43 @@ def test_table_holds_exactly_the_distinct_keys(fusion):
     config = make_config(tables=tables, features=demo_features(), fusion=fusion)
     model, step = make_model(config)
     step(batch(config, RAW, [1, 0, 1, 0]))
-    expected = distinct_keys()
-    assert keys_per_logical(model) == {t: len(k) for t, k in expected.items()}
+    assert ids_per_logical(model) == distinct_ids()
     # Fusion: all three logical tables agree, so they share one physical table.
-    assert len(model.embedding.groups) == (1 if fusion else 3)
+    assert len(model.embedding.physical_tables) == (1 if fusion else 3)
 
 
 def test_admission_counts_before_creating_rows():
     tables = {"u": {"dim": 4}, "i": {"dim": 4, "admission": {"min_count": 2}}}
     config = make_config(tables=tables, features=demo_features())
     model, step = make_model(config)
+    engine = model.embedding
     step(batch(config, RAW, [1, 0, 1, 0]))
-    after_one = keys_per_logical(model)
-    assert after_one["i"] == len(distinct_keys(min_count=2)["i"])  # a (3x), b (2x)
-    group = next(g for g in model.embedding.groups if g.spec.admission)
-    assert int(group.counters.size()) == len(distinct_keys()["i"] - distinct_keys(2)["i"])
+    assert ids_per_logical(model)["i"] == distinct_ids(min_count=2)["i"]  # a (3x), b (2x)
+    waiting = len(distinct_ids()["i"] - distinct_ids(2)["i"])
+    assert engine.table_stats()["i"]["waiting_keys"] == waiting
     step(batch(config, RAW, [1, 0, 1, 0]))  # every key now seen at least twice
-    assert keys_per_logical(model)["i"] == len(distinct_keys()["i"])
-    assert int(group.counters.size()) == 0
+    assert ids_per_logical(model)["i"] == distinct_ids()["i"]
+    stats = engine.table_stats()["i"]
+    assert stats["waiting_keys"] == 0 and stats["keys"] == len(distinct_ids()["i"])
+    # The admitted keys' counters linger (nothing is erased in a step) until a rebuild drops them.
+    table = next(t for t in engine.physical_tables if t.spec.admission)
+    assert int(table.counters.size()) == waiting
+    engine.rebuild(step=2)
+    assert int(table.counters.size()) == 0
+    assert ids_per_logical(model)["i"] == distinct_ids()["i"]
+    # A row carries every sighting, counted before and after admission.
+    rows = engine.logical_rows()["i"]
+    sightings = {"a": 6, "b": 4, "c": 2, "d": 2, "f": 2, "g": 2}  # hist keeps 2: no "e"
+    expected = dict(zip(tf.strings.to_hash_bucket_fast(list(sightings), 2**55).numpy().tolist(),
+                        sightings.values()))
+    assert dict(zip(rows.ids.tolist(), rows.count.tolist())) == expected
 
 
-def test_key_encoding_keeps_slots_apart():
+def test_key_encoding_keeps_slots_apart_and_inverts():
     ids = tf.constant([0, 5, ID_MASK], tf.int64)
     a, b = encode(ids, 0).numpy(), encode(ids, 3).numpy()
     assert set(a).isdisjoint(b)
-    assert (slot_of(b) == 3).all() and (b >= 0).all()
-    np.testing.assert_array_equal(b & ID_MASK, ids.numpy())
+    assert (a >= 0).all() and (b >= 0).all()
+    slots, back = decode(b)
+    np.testing.assert_array_equal(slots, [3, 3, 3])
+    np.testing.assert_array_equal(back, ids.numpy())

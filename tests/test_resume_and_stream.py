@@ -60,6 +60,25 @@ def test_sigkill_after_second_checkpoint_then_resume_matches_uninterrupted(tmp_p
     done = json.loads((killed / "metrics.json").read_text())
     assert done["steps"] == 500 == json.loads((whole / "metrics.json").read_text())["steps"]
     assert tables(killed) == tables(whole)
+    assert_same_rows(killed, whole)
+
+
+def assert_same_rows(model_dir, reference):
+    """Every logical table holds the same ids, each once, with the same embedding, optimizer
+    slots, count and last step."""
+    from recflow.embedding.report import restore_engine
+
+    got, want = restore_engine(str(model_dir)).logical_rows(), restore_engine(str(reference)).logical_rows()
+    assert got.keys() == want.keys()
+    for name in want:
+        a, b = got[name], want[name]
+        assert np.unique(a.ids).size == a.ids.size, f"{name}: an id held twice"
+        ia, ib = np.argsort(a.ids), np.argsort(b.ids)
+        np.testing.assert_array_equal(a.ids[ia], b.ids[ib], err_msg=name)
+        np.testing.assert_array_equal(a.count[ia], b.count[ib], err_msg=name)
+        np.testing.assert_array_equal(a.last_step[ia], b.last_step[ib], err_msg=name)
+        np.testing.assert_allclose(a.emb[ia], b.emb[ib], rtol=1e-4, atol=1e-6, err_msg=name)
+        np.testing.assert_allclose(a.slots[ia], b.slots[ib], rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 def stream_file(directory, index, rows=48):

@@ -327,9 +327,11 @@ class TableConfig:
     optimizer: OptimizerSpec | None = None  # defaults to train.sparse_optimizer
     admission: AdmissionConfig | None = None
     eviction: EvictionConfig | None = None
+    expected_keys: int | None = None  # sizes the table up front (keys with a row, all shards)
 
     def validate(self) -> None:
         _positive(self, "dim")
+        _positive(self, "expected_keys", allow_none=True)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The dynamic embedding engine: fused lookups, packed rows, sparse updates.
 
-A training step, per physical table (a fused group of logical tables):
+A training step, per physical table (the logical tables fused into it):
 
     ids of every feature -> encode(slot) -> concat -> unique -> partition by shard
       -> one lookup per shard -> stitch -> [U, width] packed rows
@@ -15,18 +15,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config, Feature, SequenceFeature
 from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable, plan_tables
-from recflow.embedding.rows import RowLayout
-from recflow.embedding.table import ShardedTable
-from recflow.features.keys import encode
+from recflow.embedding.rows import KEY_BYTES, RowLayout
+from recflow.embedding.table import INITIAL_BUCKETS, ShardedTable, buckets_for
+from recflow.errors import RecflowError
+from recflow.features.keys import KEY_FORMAT, decode, encode, slot_of
 
 LINEAR_OUTPUT = "/linear"  # tower input `<feature>/linear`: first-order weight [B, 1]
 MASK_OUTPUT = "/mask"  # tower input `<sequence>/mask`: [B, max_len] bool
+COUNTER_WIDTH = 2  # an admission counter: [sightings, last step seen] int32
+_KEY_FORMAT_NAME = "/embedding/key_format/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 class _Use(NamedTuple):
@@ -51,22 +55,29 @@ class _StepState:
     new_unadmitted: tf.Tensor | None  # keys that only bump their counter [U] bool
 
 
-class _Group(tf.Module):
-    """One physical table: its storage, optimizer and the features that read it."""
+class _PhysicalTable(tf.Module):
+    """One physical table: its rows, admission counters, optimizer and the features that read it."""
 
-    def __init__(self, spec: PhysicalTable, uses: list[_Use], placement: Placement, seed: int):
+    def __init__(
+        self, spec: PhysicalTable, uses: list[_Use], placement: Placement, seed: int, batch_size: int
+    ):
         super().__init__(name=spec.name.replace(".", "_"))
         self.spec = spec
         self.uses = uses
         self.seed = seed
         self.optimizer: SparseOptimizer = make_optimizer(spec.optimizer)
         self.layout = RowLayout(spec.dim, self.optimizer.num_slots)
-        self.table = ShardedTable(spec.name, self.layout.width, placement)
+        shards = placement.num_shards
+        # Room for one step's keys (each use reads about one id per example) after a rebuild.
+        self.step_keys = -(-batch_size * len(uses) // shards)
+        expected = sum(t.expected_keys or 0 for t in spec.logical)
+        buckets = buckets_for(-(-expected // shards), self.step_keys) if expected else INITIAL_BUCKETS
+        self.rows = ShardedTable(spec.name, self.layout.width, placement, initial_buckets=buckets)
         admission = spec.admission
         self.min_count = admission.min_count if admission else 1
-        # Keys waiting for admission cost one int32 counter, not a row.
+        # A key waiting for admission costs one counter, [sightings, last step seen], not a row.
         self.counters = (
-            ShardedTable(spec.name + "_counts", None, placement, tf.int32)
+            ShardedTable(spec.name + "_counts", COUNTER_WIDTH, placement, tf.int32)
             if self.min_count > 1
             else None
         )
@@ -83,9 +94,78 @@ class _Group(tf.Module):
             return tf.random.stateless_normal(shape, seed, init.mean, init.stddev)
         return tf.random.stateless_truncated_normal(shape, seed, init.mean, init.stddev)
 
+    # ------------------------------------------------------------------ lifecycle
+
+    def _keep(self, count: tf.Tensor, last: tf.Tensor, step: int) -> tf.Tensor:
+        """Which rows survive the eviction policy at `step` (on the shard's device)."""
+        keep = tf.ones_like(count, tf.bool)
+        policy = self.spec.eviction
+        if policy is None:
+            return keep
+        if policy.ttl_steps is not None:
+            keep = last > step - policy.ttl_steps
+        if policy.max_keys is not None:
+            # Each shard keeps its share of max_keys: least frequent, then oldest, out first.
+            limit = -(-policy.max_keys // self.rows.num_shards)
+            score = tf.bitwise.bitwise_or(
+                tf.bitwise.left_shift(tf.cast(count, tf.int64), 32), tf.cast(last, tf.int64)
+            )
+            score = tf.where(keep, score, -1)
+            top = tf.argsort(score, direction="DESCENDING", stable=True)[:limit]
+            top = tf.boolean_mask(top, tf.gather(keep, top))
+            keep = tf.scatter_nd(top[:, None], tf.ones_like(top, tf.bool), tf.shape(keep))
+        return keep
+
+    def rebuild_shard(self, shard: int, step: int) -> int:
+        """Applies eviction and drops stale counters by rebuilding the shard; returns rows evicted.
+
+        Runs on the shard's device (its PS task): no row leaves it.
+        """
+        rows = self.rows
+        keys, values = rows.export_shard(shard)
+        with tf.device(rows.placement.device(shard)):
+            _, _, count, last = self.layout.split(values)
+            keep = self._keep(count, last, step)
+            if self.counters is not None:
+                waiting, counters = self.counters.export_shard(shard)
+                # Counters of keys that got a row are stale; ttl also drops idle waiting keys.
+                _, _, row_count, _ = self.layout.split(rows.lookup_shard(shard, waiting))
+                live = row_count <= 0
+                ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
+                if ttl is not None:
+                    live = tf.logical_and(live, counters[:, 1] > step - ttl)
+                waiting = tf.boolean_mask(waiting, live)
+                self.counters.rebuild_shard(
+                    shard,
+                    waiting,
+                    tf.boolean_mask(counters, live),
+                    buckets_for(int(tf.size(waiting)), self.step_keys),
+                )
+            survivors = tf.boolean_mask(keys, keep)
+            rows.rebuild_shard(
+                shard,
+                survivors,
+                tf.boolean_mask(values, keep),
+                buckets_for(int(tf.size(survivors)), self.step_keys),
+            )
+            return int(tf.size(keys)) - int(tf.size(survivors))
+
+
+class LogicalRows(NamedTuple):
+    """What one logical table holds (numpy): raw ids and their rows' parts."""
+
+    ids: np.ndarray  # 55-bit ids, the slot removed [n] int64
+    emb: np.ndarray  # [n, dim]
+    slots: np.ndarray  # optimizer slots [n, k * dim]
+    count: np.ndarray  # sightings [n] int32
+    last_step: np.ndarray  # [n] int32
+
 
 class EmbeddingEngine(tf.Module):
     """All embedding tables of a model and the fused step around them.
+
+    The engine owns the storage format: training, `recflow tables`, export,
+    deltas and eviction all read and change tables through its methods.
 
     Args:
         config: the run config.
@@ -99,14 +179,19 @@ class EmbeddingEngine(tf.Module):
         self.placement = placement or ModPlacement(1)
         self.first_order = first_order
         self.plan = plan_tables(config, first_order)
-        self.groups = []
+        # Checkpointed, so a checkpoint with keys in another format is refused (`check_checkpoint`).
+        self.key_format = tf.Variable(KEY_FORMAT, dtype=tf.int64, trainable=False, name="key_format")
+        self.physical_tables = []
         for index, spec in enumerate(self.plan):
             uses = []
             for feature in config.sparse_features:
                 for output, logical in self._outputs(feature):
                     if any(t.name == logical for t in spec.logical):
                         uses.append(_Use(output, feature, spec.slot(logical)))
-            self.groups.append(_Group(spec, uses, self.placement, seed=config.train.seed * 1000 + index))
+            seed = config.train.seed * 1000 + index
+            self.physical_tables.append(
+                _PhysicalTable(spec, uses, self.placement, seed, config.data.batch_size)
+            )
 
     def _outputs(self, feature: Feature):
         yield feature.name, feature.table_name
@@ -119,18 +204,18 @@ class EmbeddingEngine(tf.Module):
     def _flat_ids(ids) -> tf.Tensor:
         return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
 
-    def _keys(self, group: _Group, ids: dict) -> tf.Tensor:
-        parts = [encode(self._flat_ids(ids[u.feature.name]), u.slot) for u in group.uses]
+    def _keys(self, table: _PhysicalTable, ids: dict) -> tf.Tensor:
+        parts = [encode(self._flat_ids(ids[u.feature.name]), u.slot) for u in table.uses]
         return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
-    def _assemble(self, group: _Group, emb: tf.Tensor, index: tf.Tensor, ids: dict) -> dict:
+    def _assemble(self, table: _PhysicalTable, emb: tf.Tensor, index: tf.Tensor, ids: dict) -> dict:
         """Gathers each use's rows from the unique embeddings and pools / pads them."""
-        sizes = [tf.size(self._flat_ids(ids[u.feature.name])) for u in group.uses]
+        sizes = [tf.size(self._flat_ids(ids[u.feature.name])) for u in table.uses]
         # One gather for every use of the table (one scatter-add in the backward pass).
         gathered = tf.gather(emb, index)
         pieces = tf.split(gathered, sizes) if len(sizes) > 1 else [gathered]
         out = {}
-        for use, values in zip(group.uses, pieces):
+        for use, values in zip(table.uses, pieces):
             feature_ids = ids[use.feature.name]
             if not isinstance(feature_ids, tf.RaggedTensor):
                 out[use.output] = values
@@ -138,7 +223,7 @@ class EmbeddingEngine(tf.Module):
             if isinstance(use.feature, SequenceFeature) and not use.output.endswith(LINEAR_OUTPUT):
                 length = use.feature.max_len
                 ragged = tf.RaggedTensor.from_row_splits(values, feature_ids.row_splits, validate=False)
-                out[use.output] = ragged.to_tensor(shape=[None, length, group.spec.dim])
+                out[use.output] = ragged.to_tensor(shape=[None, length, table.spec.dim])
                 out[use.feature.name + MASK_OUTPUT] = tf.sequence_mask(
                     feature_ids.row_lengths(), length
                 )
@@ -156,22 +241,22 @@ class EmbeddingEngine(tf.Module):
         return out
 
     def embed_with(self, ids: dict, read: Callable[[int, tf.Tensor], tf.Tensor]) -> dict:
-        """Embeddings of every sparse feature, reading rows with `read(group, keys)`.
+        """Embeddings of every sparse feature, reading rows with `read(table index, keys)`.
 
         Used for evaluation, prediction and serving (no updates).
         """
         out = {}
-        for i, group in enumerate(self.groups):
-            keys, index = tf.unique(self._keys(group, ids))
-            out.update(self._assemble(group, read(i, keys), index, ids))
+        for i, table in enumerate(self.physical_tables):
+            keys, index = tf.unique(self._keys(table, ids))
+            out.update(self._assemble(table, read(i, keys), index, ids))
         return out
 
     def embed(self, ids: dict) -> dict:
         """Inference lookup on the training tables; unknown keys read zeros."""
 
         def read(i, keys):
-            group = self.groups[i]
-            return group.table.lookup(keys)[:, : group.spec.dim]
+            table = self.physical_tables[i]
+            return table.rows.lookup(keys)[:, : table.spec.dim]
 
         return self.embed_with(ids, read)
 
@@ -180,27 +265,27 @@ class EmbeddingEngine(tf.Module):
     def prepare(self, ids: dict, step: tf.Tensor) -> list[_StepState]:
         """Looks up the packed rows of a batch (outside the gradient tape)."""
         states = []
-        for group in self.groups:
-            keys, index, counts = tf.unique_with_counts(self._keys(group, ids))
+        for table in self.physical_tables:
+            keys, index, counts = tf.unique_with_counts(self._keys(table, ids))
             counts = tf.cast(counts, tf.int32)
-            rows = group.table.lookup(keys)
-            emb, slots, count, _ = group.layout.split(rows)
+            emb, slots, count, _ = table.layout.split(table.rows.lookup(keys))
             exists = count > 0
             n = tf.size(keys)
             new_unadmitted = None
             trainable = tf.ones_like(exists)
-            if group.counters is not None:
-                seen = group.counters.lookup(keys) + counts
-                admitted = seen >= group.min_count
+            if table.counters is not None:
+                # A key's counter is stale once it has a row: `exists` wins then.
+                seen = table.counters.lookup(keys)[:, 0] + counts
+                admitted = seen >= table.min_count
                 new_unadmitted = tf.logical_and(tf.logical_not(exists), tf.logical_not(admitted))
                 trainable = tf.logical_not(new_unadmitted)
                 # A key admitted now carries its earlier sightings into the row.
                 count = tf.where(exists, count, seen - counts)
-            initial = group.initial_embeddings(n, step)
+            initial = table.initial_embeddings(n, step)
             emb = tf.where(exists[:, None], emb, initial)
             emb = tf.where(trainable[:, None], emb, tf.zeros_like(emb))
             slots = tf.where(
-                exists[:, None], slots, group.optimizer.initial_slots(n, group.spec.dim)
+                exists[:, None], slots, table.optimizer.initial_slots(n, table.spec.dim)
             )
             states.append(
                 _StepState(keys, index, counts, emb, slots, count, trainable, new_unadmitted)
@@ -210,40 +295,117 @@ class EmbeddingEngine(tf.Module):
     def embed_step(self, states: list[_StepState], ids: dict) -> dict:
         """Tower inputs from prepared rows (inside the tape; `states[i].emb` watched)."""
         out = {}
-        for group, state in zip(self.groups, states):
-            out.update(self._assemble(group, state.emb, state.index, ids))
+        for table, state in zip(self.physical_tables, states):
+            out.update(self._assemble(table, state.emb, state.index, ids))
         return out
 
     def apply(self, states: list[_StepState], grads: list, step: tf.Tensor) -> None:
-        """Applies the sparse optimizers and writes each touched row back, once."""
+        """Applies the sparse optimizers and writes each touched row back, once.
+
+        Nothing is erased: a waiting key's counter is left behind when it gets
+        its row, and dropped by the next `rebuild`.
+        """
         step32 = tf.cast(step, tf.int32)
-        for group, state, grad in zip(self.groups, states, grads):
+        for table, state, grad in zip(self.physical_tables, states, grads):
             grad = tf.zeros_like(state.emb) if grad is None else tf.convert_to_tensor(grad)
-            emb, slots = group.optimizer.apply(state.emb, state.slots, grad, step)
-            last = tf.fill(tf.shape(state.count), step32)
-            rows = group.layout.pack(emb, slots, state.count + state.counts, last)
+            emb, slots = table.optimizer.apply(state.emb, state.slots, grad, step)
+            seen = state.count + state.counts
+            last = tf.fill(tf.shape(seen), step32)
+            rows = table.layout.pack(emb, slots, seen, last)
             if state.new_unadmitted is None:
-                group.table.insert(state.keys, rows)
+                table.rows.insert(state.keys, rows)
                 continue
-            group.table.insert(
+            table.rows.insert(
                 tf.boolean_mask(state.keys, state.trainable),
                 tf.boolean_mask(rows, state.trainable),
             )
             waiting = state.new_unadmitted
-            group.counters.insert(
+            table.counters.insert(
                 tf.boolean_mask(state.keys, waiting),
-                tf.boolean_mask(state.count + state.counts, waiting),
+                tf.boolean_mask(tf.stack([seen, last], axis=1), waiting),
             )
-            admitted_now = tf.logical_and(state.trainable, state.count < group.min_count)
-            group.counters.erase(tf.boolean_mask(state.keys, admitted_now))
 
-    # ------------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------------ lifecycle (eager)
 
-    def logical_rows(self, group: _Group, shard: int | None = None):
-        """Per logical table of a group: (keys, embeddings, count, last_step), eager."""
-        if shard is None:
-            keys, rows = group.table.export()
-        else:
-            keys, rows = group.table.export_shard(shard)
-        emb, _, count, last = group.layout.split(rows)
-        return keys, emb, count, last
+    def rebuild(self, step: int) -> dict[str, int]:
+        """Evicts (`ttl_steps`, `max_keys`) and drops stale admission counters at `step`.
+
+        Each shard of a table with an eviction or admission policy is rebuilt
+        from its survivors on its own device, sized to them. Returns the rows
+        evicted per physical table.
+        """
+        evicted = {}
+        for table in self.physical_tables:
+            if table.spec.eviction is None and table.counters is None:
+                continue
+            evicted[table.spec.name] = sum(
+                table.rebuild_shard(shard, step) for shard in range(table.rows.num_shards)
+            )
+        return evicted
+
+    def serving_rows(self, index: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """(table keys, embeddings) of physical table `index`: what an export serves."""
+        table = self.physical_tables[index]
+        keys, rows = table.rows.export()
+        return keys, rows[:, : table.spec.dim]
+
+    def logical_rows(self) -> dict[str, LogicalRows]:
+        """Every row, per logical table, with raw ids (numpy)."""
+        out = {}
+        for table in self.physical_tables:
+            keys, rows = (t.numpy() for t in table.rows.export())
+            slots, ids = decode(keys)
+            emb, opt, count, last = table.layout.split_numpy(rows)
+            for slot, logical in enumerate(table.spec.logical):
+                pick = slots == slot
+                out[logical.name] = LogicalRows(
+                    ids[pick], emb[pick], opt[pick], count[pick], last[pick]
+                )
+        return out
+
+    def updated_rows(self, since_step: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per logical table: (raw ids, embeddings) of rows updated after `since_step`."""
+        out = {}
+        for name, rows in self.logical_rows().items():
+            fresh = rows.last_step > since_step
+            out[name] = (rows.ids[fresh], rows.emb[fresh])
+        return out
+
+    def table_stats(self) -> dict[str, dict]:
+        """Per logical table: keys with a row, waiting keys, row bytes and keys per shard."""
+        stats = {}
+        for table in self.physical_tables:
+            names = [t.name for t in table.spec.logical]
+            per_shard = np.zeros((len(names), table.rows.num_shards), np.int64)
+            waiting = np.zeros(len(names), np.int64)
+            for shard in range(table.rows.num_shards):
+                keys, _ = table.rows.export_shard(shard)
+                per_shard[:, shard] = np.bincount(slot_of(keys.numpy()), minlength=len(names))
+                if table.counters is not None:
+                    counted, _ = table.counters.export_shard(shard)
+                    row_count = table.layout.split(table.rows.lookup_shard(shard, counted))[2]
+                    counted = counted.numpy()[row_count.numpy() <= 0]
+                    waiting += np.bincount(slot_of(counted), minlength=len(names))
+            row_bytes = KEY_BYTES + 4 * table.layout.width
+            for slot, name in enumerate(names):
+                keys = int(per_shard[slot].sum())
+                stats[name] = {
+                    "keys": keys,
+                    "waiting_keys": int(waiting[slot]),
+                    "bytes": keys * row_bytes,
+                    "shards": per_shard[slot].tolist(),
+                    "physical_table": table.spec.name,
+                }
+        return stats
+
+
+def check_checkpoint(path: str) -> None:
+    """Refuses, in one line, a checkpoint whose table keys are in another format."""
+    names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    has_tables = any("/embedding/" in n for n in names)
+    if has_tables and not any(n.endswith(_KEY_FORMAT_NAME) for n in names):
+        raise RecflowError(
+            f"{path}: written by recflow < 0.2, whose table keys were not mixed; this version "
+            "would read its rows under the wrong keys. Train into a new model dir, or export "
+            "it with the recflow that wrote it"
+        )

@@ -1,4 +1,4 @@
-"""Table lifecycle outside the step: eviction and delta export (eager, at checkpoints)."""
+"""Table lifecycle outside the step (eager, at checkpoints): eviction and delta export."""
 
 from __future__ import annotations
 
@@ -6,68 +6,36 @@ import json
 import os
 
 import numpy as np
-import tensorflow as tf
 
 from recflow.atomic import staged_dir
 from recflow.embedding.engine import EmbeddingEngine
-from recflow.features.keys import ID_MASK, slot_of
 
 
 def evict(engine: EmbeddingEngine, step: int) -> dict[str, int]:
-    """Removes stale rows (`ttl_steps`) and the least frequent beyond `max_keys`.
+    """Removes stale rows (`ttl_steps`), the least frequent beyond `max_keys`, and idle or
+    stale admission counters, by rebuilding the affected shards.
 
     Returns the number of rows evicted per physical table.
     """
-    evicted = {}
-    for group in engine.groups:
-        policy = group.spec.eviction
-        if policy is None:
-            continue
-        removed = 0
-        for shard in range(group.table.num_shards):
-            keys, _, count, last = (t.numpy() for t in engine.logical_rows(group, shard))
-            drop = np.zeros(keys.size, bool)
-            if policy.ttl_steps is not None:
-                drop |= last <= step - policy.ttl_steps
-            if policy.max_keys is not None:
-                # Each shard keeps its share of max_keys, least frequent (then oldest) out first.
-                limit = -(-policy.max_keys // group.table.num_shards)
-                alive = np.flatnonzero(~drop)
-                if alive.size > limit:
-                    order = np.lexsort((last[alive], count[alive]))
-                    drop[alive[order[: alive.size - limit]]] = True
-            if drop.any():
-                group.table.shards[shard].erase(tf.constant(keys[drop]))
-                removed += int(drop.sum())
-        evicted[group.spec.name] = removed
-    return evicted
-
-
-def updated_rows(engine: EmbeddingEngine, since_step: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Per logical table: (keys, embeddings) of rows updated after `since_step`.
-
-    Keys are the raw 55-bit ids (the logical table's slot removed).
-    """
-    out = {}
-    for group in engine.groups:
-        keys, emb, _, last = (t.numpy() for t in engine.logical_rows(group))
-        fresh = last > since_step
-        slots = slot_of(keys)
-        for slot, logical in enumerate(group.spec.logical):
-            pick = fresh & (slots == slot)
-            ids = keys[pick] & ID_MASK
-            out[logical.name] = (ids.astype(np.int64), emb[pick].astype(np.float32))
-    return out
+    return engine.rebuild(step)
 
 
 def write_delta(engine: EmbeddingEngine, deltas_dir: str, since_step: int, step: int) -> str:
-    """Writes `deltas/<step>/` (manifest.json + one <table>.npz per logical table)."""
+    """Writes `deltas/<step>/`: manifest.json + one <table>.npz per logical table.
+
+    Each npz holds the raw ids (`keys`, int64, the slot removed) and embeddings
+    (`values`, float32 [n, dim]) of the rows updated after `since_step`.
+    """
     final = os.path.join(deltas_dir, str(step))
-    rows = updated_rows(engine, since_step)
+    rows = engine.updated_rows(since_step)
     with staged_dir(final) as tmp:
         manifest = {"step": step, "since_step": since_step, "tables": {}}
         for name, (keys, values) in rows.items():
-            np.savez(os.path.join(tmp, f"{name}.npz"), keys=keys, values=values)
+            np.savez(
+                os.path.join(tmp, f"{name}.npz"),
+                keys=keys.astype(np.int64),
+                values=values.astype(np.float32),
+            )
             manifest["tables"][name] = {"rows": int(keys.size), "dim": int(values.shape[1])}
         with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
             json.dump(manifest, f, indent=2, sort_keys=True)

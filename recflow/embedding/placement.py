@@ -6,6 +6,8 @@ import abc
 
 import tensorflow as tf
 
+SHARD_SHIFT = 32  # shards from the high bits of a key, buckets from the low ones
+
 
 class Placement(abc.ABC):
     """Maps keys to shards and shards to devices."""
@@ -25,10 +27,12 @@ class Placement(abc.ABC):
 
 
 class ModPlacement(Placement):
-    """Shard = key mod num_shards; shard i on PS task i (or locally).
+    """Shard = (key >> 32) mod num_shards; shard i on PS task i (or locally).
 
-    Keys are already uniform in their low bits (fingerprints of strings, or
-    ids), so the modulo spreads them evenly.
+    Table keys are mixed over all 63 bits (`recflow.features.keys`), so the
+    modulo spreads them evenly. It reads the high bits because a shard's
+    `DenseHashTable` picks buckets from the low bits: keys of one shard then
+    still spread over every bucket.
     """
 
     def __init__(self, num_shards: int = 1, ps_devices: list[str] | None = None):
@@ -38,7 +42,8 @@ class ModPlacement(Placement):
         self.ps_devices = ps_devices
 
     def shard_of(self, keys: tf.Tensor) -> tf.Tensor:
-        return tf.cast(tf.math.floormod(keys, self.num_shards), tf.int32)
+        high = tf.bitwise.right_shift(keys, tf.constant(SHARD_SHIFT, keys.dtype))
+        return tf.cast(tf.math.floormod(high, self.num_shards), tf.int32)
 
     def device(self, shard: int) -> str | None:
         return self.ps_devices[shard] if self.ps_devices else None

@@ -29,6 +29,7 @@ class LogicalTable:
     optimizer: OptimizerConfig
     admission: AdmissionConfig | None = None
     eviction: EvictionConfig | None = None
+    expected_keys: int | None = None  # a sizing hint; fused tables add theirs up
 
     @property
     def signature(self) -> tuple:
@@ -82,12 +83,11 @@ def logical_tables(config: Config, first_order: bool = False) -> list[LogicalTab
     for name in config.table_names():
         t = config.table(name)
         optimizer = config.sparse_optimizer(name)
-        tables.append(LogicalTable(name, t.dim, t.initializer, optimizer, t.admission, t.eviction))
+        policies = (t.admission, t.eviction, t.expected_keys)
+        tables.append(LogicalTable(name, t.dim, t.initializer, optimizer, *policies))
         if first_order:
             zeros = InitializerConfig(type="zeros")
-            tables.append(
-                LogicalTable(name + LINEAR_SUFFIX, 1, zeros, optimizer, t.admission, t.eviction)
-            )
+            tables.append(LogicalTable(name + LINEAR_SUFFIX, 1, zeros, optimizer, *policies))
     return tables
 
 

@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import os
-
-import numpy as np
+import re
 
 from recflow.config.schema import Config
 from recflow.embedding.optimizers import make_optimizer
 from recflow.embedding.planner import PhysicalTable, plan_tables
-from recflow.embedding.rows import RowLayout
+from recflow.embedding.rows import KEY_BYTES, RowLayout
+from recflow.embedding.table import MAX_LOAD
 from recflow.errors import RecflowError
-from recflow.features.keys import slot_of
 
-KEY_BYTES = 8
-MAX_LOAD = 0.8  # DenseHashTable grows (doubles) past this load factor
+_SHARD_NAME = re.compile(r"^model/embedding/physical_tables/0/rows/shards/(\d+)/")
 
 
 def layout_of(table: PhysicalTable) -> RowLayout:
@@ -51,7 +49,7 @@ def format_plan(config: Config, keys_per_table: int = 1_000_000, num_shards: int
         )
     lines += [
         "",
-        f"placement: shard = key mod {num_shards}; shard i on PS task i "
+        f"placement: shard = (key >> 32) mod {num_shards}; shard i on PS task i "
         f"(~{keys_per_table // num_shards:,} keys of each logical table per shard)",
         f"memory at {keys_per_table:,} keys per logical table: {total / 2**20:,.1f} MiB of rows "
         f"(hash buckets add {1 / MAX_LOAD:.2f}x-{2 / MAX_LOAD:.2f}x)",
@@ -68,43 +66,46 @@ def _latest_checkpoint(model_dir: str) -> str:
     return path
 
 
-def table_stats(model_dir: str) -> dict:
-    """Per logical table: keys, bytes and keys per shard, from the latest checkpoint."""
+def restore_engine(model_dir: str):
+    """The embedding engine of a model dir, restored from its latest checkpoint (no model)."""
     import tensorflow as tf
 
     from recflow.config.loader import load_config
+    from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
+    from recflow.embedding.placement import ModPlacement
 
     config_path = os.path.join(model_dir, "config.yaml")
     if not os.path.exists(config_path):
         raise RecflowError(f"{model_dir}: not a model dir (no config.yaml)")
     config = load_config(config_path)
-    reader = tf.train.load_checkpoint(_latest_checkpoint(model_dir))
-    names = reader.get_variable_to_shape_map()
-    stats = {}
-    for index, table in enumerate(plan_tables(config, _first_order(config))):
-        width = layout_of(table).width
-        prefix = f"model/embedding/groups/{index}/table/shards"
-        shard_keys = []
-        shard = 0
-        while f"{prefix}/{shard}/.ATTRIBUTES/table-keys" in names:
-            keys = reader.get_tensor(f"{prefix}/{shard}/.ATTRIBUTES/table-keys").reshape(-1)
-            shard_keys.append(keys[keys >= 0])
-            shard += 1
-        for slot, logical in enumerate(table.logical):
-            per_shard = [int(np.sum(slot_of(k) == slot)) for k in shard_keys]
-            n = sum(per_shard)
-            stats[logical.name] = {
-                "keys": n,
-                "bytes": n * (KEY_BYTES + 4 * width),
-                "shards": per_shard,
-                "physical_table": table.name,
-            }
-    return stats
+    path = _latest_checkpoint(model_dir)
+    check_checkpoint(path)
+    # As many local shards as the run had (a key's shard does not depend on where shards live).
+    names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    shards = {m.group(1) for m in map(_SHARD_NAME.search, names) if m}
+    placement = ModPlacement(max(len(shards), 1))
+    engine = EmbeddingEngine(config, placement, first_order=_first_order(config))
+    holder = tf.Module()
+    holder.embedding = engine  # the checkpoint's path to the tables: model/embedding/...
+    tf.train.Checkpoint(model=holder).restore(path).expect_partial()
+    return engine
+
+
+def table_stats(model_dir: str) -> dict:
+    """Per logical table: keys, waiting keys, bytes and keys per shard, from the latest checkpoint.
+
+    The shards are counted as the run placed them (key -> shard does not depend
+    on where the shards live), so a parameter-server run reports its split per PS.
+    """
+    return restore_engine(model_dir).table_stats()
 
 
 def format_tables(stats: dict) -> str:
-    lines = [f"{'table':<24} {'keys':>10} {'bytes':>12}  shards  (physical table)"]
+    lines = [f"{'table':<24} {'keys':>10} {'waiting':>10} {'bytes':>12}  shards  (physical table)"]
     for name, s in stats.items():
         shards = ",".join(str(k) for k in s["shards"])
-        lines.append(f"{name:<24} {s['keys']:>10} {s['bytes']:>12}  [{shards}]  ({s['physical_table']})")
+        lines.append(
+            f"{name:<24} {s['keys']:>10} {s['waiting_keys']:>10} {s['bytes']:>12}  [{shards}]  "
+            f"({s['physical_table']})"
+        )
     return "\n".join(lines)

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from recflow.atomic import staged_dir
 from recflow.config.loader import dump_config
+from recflow.embedding.table import buckets_for
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY
 from recflow.features.transform import serving_dtype, transform
 from recflow.models.base import RankingModel, RetrievalModel
@@ -38,21 +39,21 @@ class ServingModule(tf.Module):
         engine = model.embedding
         self.tables = []
         dims = []
-        for group in engine.groups:
-            keys, emb, _, _ = engine.logical_rows(group)
+        for index, physical in enumerate(engine.physical_tables):
+            keys, emb = engine.serving_rows(index)
             with tf.device("/cpu:0"):
                 table = tf.lookup.experimental.DenseHashTable(
                     key_dtype=tf.int64,
                     value_dtype=tf.float32,
-                    default_value=tf.zeros([group.spec.dim]),
+                    default_value=tf.zeros([physical.spec.dim]),
                     empty_key=EMPTY_KEY,
                     deleted_key=DELETED_KEY,
-                    initial_num_buckets=_buckets(int(keys.shape[0])),
-                    name=group.spec.name.replace(".", "_") + "_serving",
+                    initial_num_buckets=buckets_for(int(keys.shape[0])),
+                    name=physical.spec.name.replace(".", "_") + "_serving",
                 )
                 table.insert(keys, emb)
             self.tables.append(table)
-            dims.append(group.spec.dim)
+            dims.append(physical.spec.dim)
 
         def read(i, keys):
             return tf.reshape(self.tables[i].lookup(keys), [-1, dims[i]])
@@ -108,11 +109,6 @@ def _empty(feature, batch: tf.Tensor) -> tf.Tensor:
         dtype, tf.constant(float("nan"))
     )
     return tf.fill(batch, value)
-
-
-def _buckets(n: int) -> int:
-    # Power of two with room for the keys at DenseHashTable's max load (0.8).
-    return max(16, 1 << int(max(n, 1) / 0.7).bit_length())
 
 
 def next_version(export_dir: str) -> int:

@@ -17,6 +17,7 @@ from recflow.atomic import write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config, DenseOptimizerConfig
 from recflow.embedding import lifecycle
+from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
 from recflow.export.saved_model import export_saved_model
 from recflow.features.transform import transform
@@ -120,6 +121,7 @@ class Trainer:
             return  # a new input pass of a run already restored
         latest = self._manager.latest_checkpoint
         if latest:
+            check_checkpoint(latest)
             self._checkpoint.restore(latest).expect_partial()
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
