@@ -58,6 +58,14 @@ def tables_json(model_dir, capsys):
     return json.loads(capsys.readouterr().out)["tables"]
 
 
+def string_ids(values):
+    """The 55-bit ids recflow gives strings: their fingerprint64, masked (computed by TF here)."""
+    import tensorflow as tf
+
+    values = sorted(set(values))
+    return set(tf.strings.to_hash_bucket_fast(values, 2**55).numpy().tolist()) if values else set()
+
+
 def load_delta(model_dir, step, table):
     data = np.load(os.path.join(model_dir, "deltas", str(step), f"{table}.npz"))
     return data["keys"], data["values"]
@@ -86,6 +94,8 @@ def test_tables_report_exact_survivors(trained, capsys):
     stats = tables_json(model_dir, capsys)
     # Admission: a user has a row once seen twice.
     assert stats["u"]["keys"] == len(admitted_users(rows, 8))
+    users, counts = np.unique(rows["user"], return_counts=True)
+    assert stats["u"]["waiting_keys"] == int(np.sum(counts < 2))  # seen once: only a counter
     assert stats["u.linear"]["keys"] == stats["u"]["keys"]
     # Eviction at the final checkpoint (step 8, ttl 3): items last seen at step <= 5 are gone.
     last_seen = {}
@@ -106,13 +116,14 @@ def test_deltas_hold_exactly_the_updated_rows(trained):
     assert manifest["since_step"] == 4 and manifest["step"] == 8
     # Step 4: eviction first drops items last seen at step 1, then the delta has steps 2..4.
     keys, values = load_delta(model_dir, 4, "i")
-    items_2_4 = set(rows["item"][(step >= 2) & (step <= 4)])
-    assert len(keys) == len(items_2_4) and values.shape == (len(items_2_4), 4)
+    items_2_4 = string_ids(rows["item"][(step >= 2) & (step <= 4)])
+    assert set(keys.tolist()) == items_2_4 and values.shape == (len(items_2_4), 4)
     keys, _ = load_delta(model_dir, 4, "u")
     assert set(keys.tolist()) == admitted_users(rows, 4)
     # Step 8: rows touched in steps 5..8 that survive eviction (items of step 5 only are gone).
     keys, _ = load_delta(model_dir, 8, "i")
-    assert len(keys) == len(set(rows["item"][step >= 6]))
+    assert len(keys) == len(set(keys.tolist()))
+    assert set(keys.tolist()) == string_ids(rows["item"][step >= 6])
     keys, _ = load_delta(model_dir, 8, "u")
     seen_late = set(rows["user"][step >= 5].tolist())
     assert set(keys.tolist()) == seen_late & admitted_users(rows, 8)
@@ -130,7 +141,7 @@ def test_export_delta_command_after_more_training(trained, tmp_path, capsys):
     assert main(["export", config, "--delta", "--set", "train.epochs=2"]) == 0
     assert sorted(os.listdir(model_dir / "deltas")) == ["16", "4", "8"]
     keys, _ = load_delta(model_dir, 16, "i")
-    assert len(keys) == len(set(rows["item"][steps_of(rows) >= 6]))
+    assert set(keys.tolist()) == string_ids(rows["item"][steps_of(rows) >= 6])
     assert not [d for d in os.listdir(model_dir / "deltas") if d.startswith(".tmp")]
 
 
@@ -159,3 +170,46 @@ def test_max_keys_keeps_the_most_frequent(tmp_path, capsys):
     top6 = sorted(counts, key=counts.get)[-6:]  # counts 5, 6, 7, 8, 11, 17
     expected = tf.strings.to_hash_bucket_fast(top6, 2**55).numpy()
     assert sorted(keys.tolist()) == sorted(expected.tolist())
+
+
+def simulate_store(users, steps, min_count, ttl, checkpoints):
+    """Rows and waiting keys of a table with admission and ttl, by hand (DESIGN.md section 7)."""
+    rows, waiting = {}, {}  # id -> [count, last step]
+    for s in range(1, steps.max() + 1):
+        ids, counts = np.unique(users[steps == s], return_counts=True)
+        for key, n in zip(ids.tolist(), counts.tolist()):
+            if key in rows:
+                rows[key] = [rows[key][0] + n, s]
+                continue
+            seen = waiting.get(key, [0, 0])[0] + n
+            if seen >= min_count:
+                rows[key] = [seen, s]
+                waiting.pop(key, None)
+            else:
+                waiting[key] = [seen, s]
+        if s in checkpoints:  # eviction and stale counters, at every checkpoint
+            rows = {k: v for k, v in rows.items() if v[1] > s - ttl}
+            waiting = {k: v for k, v in waiting.items() if v[1] > s - ttl}
+    return rows, waiting
+
+
+def test_ttl_also_drops_keys_waiting_for_admission(tmp_path, capsys):
+    rows = raw_rows(seed=3)
+    write_columns(str(tmp_path / "train.csv"), rows, "csv", labels=["click"])
+    model_dir = tmp_path / "run"
+    tables = {"u": {"dim": 4, "admission": {"min_count": 3}, "eviction": {"ttl_steps": 3}},
+              "i": {"dim": 4}}
+    config = write_config(tmp_path, str(tmp_path / "train.csv"), model_dir,
+                          **{"export.delta_every_steps": None, "train.checkpoint_every_steps": 2})
+    assert main(["train", config, "--quiet", "--set", f"tables={tables}"]) == 0
+    want_rows, want_waiting = simulate_store(rows["user"], steps_of(rows), 3, 3, {2, 4, 6, 8})
+    assert want_waiting and want_rows  # the data exercises both
+    stats = tables_json(model_dir, capsys)
+    assert stats["u"]["keys"] == len(want_rows)
+    assert stats["u"]["waiting_keys"] == len(want_waiting)
+    from recflow.embedding.report import restore_engine
+
+    got = restore_engine(str(model_dir)).logical_rows()["u"]
+    assert dict(zip(got.ids.tolist(), zip(got.count.tolist(), got.last_step.tolist()))) == {
+        k: tuple(v) for k, v in want_rows.items()
+    }

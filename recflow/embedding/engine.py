@@ -23,7 +23,7 @@ from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable, plan_tables
 from recflow.embedding.rows import KEY_BYTES, RowLayout
-from recflow.embedding.table import INITIAL_BUCKETS, ShardedTable, buckets_for
+from recflow.embedding.table import ShardedTable
 from recflow.errors import RecflowError
 from recflow.features.keys import KEY_FORMAT, decode, encode, slot_of
 
@@ -70,9 +70,10 @@ class _PhysicalTable(tf.Module):
         shards = placement.num_shards
         # Room for one step's keys (each use reads about one id per example) after a rebuild.
         self.step_keys = -(-batch_size * len(uses) // shards)
-        expected = sum(t.expected_keys or 0 for t in spec.logical)
-        buckets = buckets_for(-(-expected // shards), self.step_keys) if expected else INITIAL_BUCKETS
-        self.rows = ShardedTable(spec.name, self.layout.width, placement, initial_buckets=buckets)
+        expected = -(-sum(t.expected_keys or 0 for t in spec.logical) // shards)
+        self.rows = ShardedTable(
+            spec.name, self.layout.width, placement, expected_keys=expected, headroom=self.step_keys
+        )
         admission = spec.admission
         self.min_count = admission.min_count if admission else 1
         # A key waiting for admission costs one counter, [sightings, last step seen], not a row.
@@ -129,25 +130,17 @@ class _PhysicalTable(tf.Module):
             if self.counters is not None:
                 waiting, counters = self.counters.export_shard(shard)
                 # Counters of keys that got a row are stale; ttl also drops idle waiting keys.
-                _, _, row_count, _ = self.layout.split(rows.lookup_shard(shard, waiting))
+                row_count = self.layout.split(rows.lookup_shard(shard, waiting))[2]
                 live = row_count <= 0
                 ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
                 if ttl is not None:
                     live = tf.logical_and(live, counters[:, 1] > step - ttl)
                 waiting = tf.boolean_mask(waiting, live)
                 self.counters.rebuild_shard(
-                    shard,
-                    waiting,
-                    tf.boolean_mask(counters, live),
-                    buckets_for(int(tf.size(waiting)), self.step_keys),
+                    shard, waiting, tf.boolean_mask(counters, live), self.step_keys
                 )
             survivors = tf.boolean_mask(keys, keep)
-            rows.rebuild_shard(
-                shard,
-                survivors,
-                tf.boolean_mask(values, keep),
-                buckets_for(int(tf.size(survivors)), self.step_keys),
-            )
+            rows.rebuild_shard(shard, survivors, tf.boolean_mask(values, keep), self.step_keys)
             return int(tf.size(keys)) - int(tf.size(survivors))
 
 

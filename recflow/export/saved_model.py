@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from recflow.atomic import staged_dir
 from recflow.config.loader import dump_config
-from recflow.embedding.table import buckets_for
+from recflow.embedding.table import segment_buckets
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY
 from recflow.features.transform import serving_dtype, transform
 from recflow.models.base import RankingModel, RetrievalModel
@@ -48,7 +48,7 @@ class ServingModule(tf.Module):
                     default_value=tf.zeros([physical.spec.dim]),
                     empty_key=EMPTY_KEY,
                     deleted_key=DELETED_KEY,
-                    initial_num_buckets=buckets_for(int(keys.shape[0])),
+                    initial_num_buckets=serving_buckets(int(keys.shape[0])),
                     name=physical.spec.name.replace(".", "_") + "_serving",
                 )
                 table.insert(keys, emb)
@@ -109,6 +109,11 @@ def _empty(feature, batch: tf.Tensor) -> tf.Tensor:
         dtype, tf.constant(float("nan"))
     )
     return tf.fill(batch, value)
+
+
+def serving_buckets(keys: int) -> int:
+    """The fewest buckets (a power of two) that hold `keys` without growing."""
+    return segment_buckets(keys, segments=1)[0]
 
 
 def next_version(export_dir: str) -> int:
