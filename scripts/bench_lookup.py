@@ -7,9 +7,9 @@ and times, each inside a `tf.function`, warmed up, on batches of
     engine_fused     EmbeddingEngine.embed: one fused physical table for all features;
                      encode slot -> concat -> unique -> DenseHashTable lookup of packed
                      rows [emb | optimizer slots | meta] -> slice emb -> gather per feature
-    table_unique     concat -> unique -> ShardedTable.lookup -> gather (the engine's core,
-                     without per-feature assembly)
-    hash_bare        one DenseHashTable of [dim] rows, lookup of all ids (no unique)
+    table_unique     concat -> unique -> ShardedTable.lookup (route to segments, lookup,
+                     stitch) -> gather (the engine's core, without per-feature assembly)
+    hash_bare        one DenseHashTable of [dim] rows, lookup of all keys (no unique, no segments)
     variable_gather  tf.gather on a tf.Variable [keys, dim] (a fixed vocabulary, no hashing)
 
 lookups/s = batch * features / (median seconds per batch over `--repeats` repeats of
@@ -95,8 +95,7 @@ def main(argv=None) -> int:
 
     from recflow.config import config_from_dict
     from recflow.embedding.engine import EmbeddingEngine
-    from recflow.embedding.table import ShardedTable
-    from recflow.features.keys import ID_BITS, encode
+    from recflow.features.keys import DELETED_KEY, EMPTY_KEY, ID_BITS, encode
 
     names = [f"f{i}" for i in range(args.features)]
     vocab = args.keys // args.features
@@ -123,7 +122,9 @@ def main(argv=None) -> int:
 
     # Preload: every id of every feature gets a row (engine: packed rows; others: emb only).
     began = time.perf_counter()
-    bare = ShardedTable("bare", args.dim, engine.placement).shards[0]
+    bare = tf.lookup.experimental.DenseHashTable(
+        tf.int64, tf.float32, tf.zeros([args.dim]), EMPTY_KEY, DELETED_KEY, name="bare"
+    )
     variable = tf.Variable(tf.random.normal([n_keys, args.dim], stddev=0.01, seed=args.seed))
     chunk = 1 << 18
     for f, use in enumerate(group.uses):

@@ -213,3 +213,25 @@ def test_ttl_also_drops_keys_waiting_for_admission(tmp_path, capsys):
     assert dict(zip(got.ids.tolist(), zip(got.count.tolist(), got.last_step.tolist()))) == {
         k: tuple(v) for k, v in want_rows.items()
     }
+
+
+def test_checkpoint_with_unmixed_keys_is_refused_in_one_line(trained, tmp_path, capsys):
+    """A checkpoint from before keys were mixed (no key_format) fails with one line, exit 2."""
+    import shutil
+
+    import tensorflow as tf
+
+    _, model_dir = trained
+    old = tmp_path / "old"
+    old.mkdir()
+    shutil.copy(model_dir / "config.yaml", old / "config.yaml")
+    embedding = tf.Module()
+    embedding.table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.float32, 0.0, -1, -2)
+    model = tf.Module()
+    model.embedding = embedding
+    tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(old / "checkpoints"), 1).save(8)
+    capsys.readouterr()
+    assert main(["tables", str(old)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not mixed" in err and "ckpt-8" in err
+    assert main(["tables", str(model_dir)]) == 0  # a current checkpoint reads

@@ -19,6 +19,9 @@ SETTINGS = [
     f"train.steps={STEPS}",
     "train.checkpoint_every_steps=40",
     "model.params={dnn: {hidden_units: [8]}}",
+    # Admission and eviction: every checkpoint rebuilds each shard on its PS.
+    "tables.item.admission={min_count: 2}",
+    "tables.user.eviction={ttl_steps: 60}",
 ]
 
 
@@ -78,6 +81,15 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
         shards = tables[name]["shards"]
         assert len(shards) == 2 and min(shards) > 0, (name, shards)
         assert sum(shards) == tables[name]["keys"]
+    assert tables["item"]["waiting_keys"] > 0
+    from recflow.embedding.report import restore_engine
+
+    rows = restore_engine(str(model_dir)).logical_rows()
+    for name, logical in rows.items():
+        assert np.unique(logical.ids).size == logical.ids.size, f"{name}: an id held twice"
+    # ttl 60 at the final checkpoint (step 240): no user row was last seen at step 180 or before.
+    assert rows["user"].last_step.min() > STEPS - 60
+    assert rows["item"].count.min() >= 2  # admitted keys only
 
     # The export serves in plain TensorFlow.
     export = model_dir / "export" / "1"
