@@ -23,7 +23,7 @@ from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable, plan_tables
 from recflow.embedding.rows import KEY_BYTES, RowLayout
-from recflow.embedding.table import ShardedTable
+from recflow.embedding.table import MIN_LOAD, ShardedTable
 from recflow.errors import RecflowError
 from recflow.features.keys import KEY_FORMAT, decode, encode, slot_of
 
@@ -120,10 +120,12 @@ class _PhysicalTable(tf.Module):
     def rebuild_shard(self, shard: int, step: int) -> int:
         """Applies eviction and drops stale counters by rebuilding the shard; returns rows evicted.
 
-        Runs on the shard's device (its PS task): no row leaves it.
+        Runs on the shard's device (its PS task): no row leaves it. The rows are
+        rebuilt when some are evicted or their load fell below `MIN_LOAD`; the
+        counters whenever they exist (admitted keys leave theirs behind).
         """
         rows = self.rows
-        keys, values = rows.export_shard(shard)
+        keys, values, buckets = rows.export_shard_with_buckets(shard)
         with tf.device(rows.placement.device(shard)):
             _, _, count, last = self.layout.split(values)
             keep = self._keep(count, last, step)
@@ -140,8 +142,10 @@ class _PhysicalTable(tf.Module):
                     shard, waiting, tf.boolean_mask(counters, live), self.step_keys
                 )
             survivors = tf.boolean_mask(keys, keep)
-            rows.rebuild_shard(shard, survivors, tf.boolean_mask(values, keep), self.step_keys)
-            return int(tf.size(keys)) - int(tf.size(survivors))
+            evicted = int(tf.size(keys)) - int(tf.size(survivors))
+            if evicted or int(tf.size(survivors)) < MIN_LOAD * buckets:
+                rows.rebuild_shard(shard, survivors, tf.boolean_mask(values, keep), self.step_keys)
+            return evicted
 
 
 class LogicalRows(NamedTuple):

@@ -32,6 +32,7 @@ SEGMENTS = 6
 MIN_BUCKETS = 1 << 4
 INITIAL_BUCKETS = 1 << 12  # per shard, all segments together
 MAX_LOAD = 0.8  # DenseHashTable doubles its buckets when an insert would pass this load
+MIN_LOAD = 0.5  # a shard whose load fell below this is resized at the next rebuild
 ROUTE_SHIFT, ROUTES = 47, 1 << 16  # a key's route: bits 47..62, in [0, ROUTES)
 
 
@@ -161,15 +162,21 @@ class ShardedTable(tf.Module):
 
     def export_shard(self, i: int) -> tuple[tf.Tensor, tf.Tensor]:
         """(keys, values) held by shard `i`, empty buckets dropped; runs on the shard's device."""
+        keys, values, _ = self.export_shard_with_buckets(i)
+        return keys, values
+
+    def export_shard_with_buckets(self, i: int) -> tuple[tf.Tensor, tf.Tensor, int]:
+        """`export_shard` and the shard's bucket count (every segment's)."""
         with tf.device(self.placement.device(i)):
-            keys, values = [], []
+            keys, values, buckets = [], [], 0
             for table in self.shards[i]:
-                k, v = table.export()
+                k, v = table.export()  # every bucket, empty ones included
                 k = tf.reshape(k, [-1])
+                buckets += int(tf.size(k))
                 live = k >= 0
                 keys.append(tf.boolean_mask(k, live))
                 values.append(tf.boolean_mask(self._shape(v), live))
-            return tf.concat(keys, 0), tf.concat(values, 0)
+            return tf.concat(keys, 0), tf.concat(values, 0), buckets
 
     def rebuild_shard(self, i: int, keys: tf.Tensor, values: tf.Tensor, headroom: int = 0) -> None:
         """Replaces shard `i`'s contents with (keys, values), sized to them (eager).
@@ -183,19 +190,35 @@ class ShardedTable(tf.Module):
         )
         with tf.device(self.placement.device(i)):
             for table, size in zip(self.shards[i], sizes):
-                shape = [size, self.width] if self.width else [size]
-                tf.raw_ops.LookupTableImportV2(
-                    table_handle=table.resource_handle,
-                    keys=tf.fill([size, 1], tf.constant(EMPTY_KEY, tf.int64)),
-                    values=tf.zeros(shape, self.value_dtype),
-                )
+                self._empty(table, size)
             self.routes[i].assign(routes)
             self.insert_shard(i, keys, values)
 
+    def _empty(self, table, buckets: int) -> None:
+        """Replaces `table`'s bucket arrays by `buckets` empty ones, on the table's device.
+
+        The bucket arrays are `[buckets, 1]` keys and `[buckets, width]` values, made
+        on the device. The op's shape function wants rank-1 keys, which holds for
+        what it can see only: the shapes are passed in as tensors, so on a remote
+        (PS) device the arrays reach the kernel with an unknown rank, as they do
+        when a checkpoint is restored.
+        """
+        values_shape = [buckets, self.width] if self.width else [buckets]
+        spec = tf.TensorSpec([None], tf.int64)
+
+        @tf.function(input_signature=[spec, spec], autograph=False)
+        def empty(keys_shape, values_shape):
+            tf.raw_ops.LookupTableImportV2(
+                table_handle=table.resource_handle,
+                keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY, tf.int64)),
+                values=tf.zeros(values_shape, self.value_dtype),
+            )
+
+        empty(tf.constant([buckets, 1], tf.int64), tf.constant(values_shape, tf.int64))
+
     def num_buckets(self, i: int) -> int:
         """Buckets of shard `i`, all segments (eager; reads the bucket arrays)."""
-        with tf.device(self.placement.device(i)):
-            return sum(int(tf.shape(t.export()[0])[0]) for t in self.shards[i])
+        return self.export_shard_with_buckets(i)[2]
 
     # ------------------------------------------------------------------ every shard
 
