@@ -226,3 +226,15 @@ def test_key_encoding_keeps_slots_apart_and_inverts():
     slots, back = decode(b)
     np.testing.assert_array_equal(slots, [3, 3, 3])
     np.testing.assert_array_equal(back, ids.numpy())
+
+
+def test_expected_keys_sizes_the_table_up_front():
+    tables = {"t": {"dim": 3, "optimizer": {"type": "sgd"}, "expected_keys": 50_000}}
+    model, _ = make_model(make_config(tables=tables))
+    rows = model.embedding.physical_tables[0].rows
+    before = rows.num_buckets(0)
+    assert 50_000 / 0.8 <= before <= 1.4 * 50_000 / 0.8  # not a power-of-two doubling
+    keys = encode(tf.range(50_000, dtype=tf.int64), 0)
+    rows.insert(keys, tf.ones([50_000, model.embedding.physical_tables[0].layout.width]))
+    assert rows.num_buckets(0) == before  # the keys fit without growing
+    assert int(rows.size()) == 50_000
