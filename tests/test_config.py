@@ -138,7 +138,7 @@ def test_defaults_applied(tmp_path):
     assert config.train.checkpoint_every_steps == 1000
     assert config.features[3].dtype == "string"
     assert config.features[3].separator == "|"
-    assert config.features[5].default == 0.0
+    assert config.features[5].default is None  # missing -> neutral (see transform.normalize)
     assert config.task.metric_names("binary") == ("auc", "logloss")
     # an implicit table takes its dim from the feature, or embedding.default_dim
     assert "category" not in config.tables

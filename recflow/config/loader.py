@@ -146,8 +146,18 @@ def check_references(config: Config) -> None:
         names = [t.name for t in config.task.tasks]
         if len(set(names)) != len(names):
             raise ConfigError("task.tasks", "task names must be unique")
+        if config.data.label and set(config.data.label) != set(labels):
+            raise ConfigError(
+                "data.label",
+                f"the labels come from task.tasks ({', '.join(labels)}); remove data.label",
+            )
+    elif not config.data.label:
+        raise ConfigError("data.label", "required")
     elif len(config.data.label) != 1:
         raise ConfigError("data.label", f"expected one label for task type {config.task.type!r}")
+    for column in config.data.positive:
+        if column not in labels:
+            raise ConfigError(f"data.positive.{column}", f"not a label (labels: {', '.join(labels)})")
     group_by = config.task.group_by
     if group_by is not None and group_by not in seen:
         raise ConfigError("task.group_by", f"no feature {group_by!r}")
