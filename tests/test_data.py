@@ -149,7 +149,13 @@ BAD_LINES = [
     ('3,"pr\u00efx\\",0', "column 'price': expected a number, got 'pr\u00efx\\'"),
     ("x1,1.0,0", "column 'id': expected an integer, got 'x1'"),
     ("5,1.0,", "label 'click': expected a number, got ''"),
-    ("5,1.0,yes", "label 'click': expected a number, got 'yes'"),
+    (
+        "5,1.0,yes",
+        "label 'click': expected a number, got 'yes' (data.positive maps raw label values to 1)",
+    ),
+    ("5,1.0,1e39", "label 'click': expected a finite number, got '1e39'"),
+    ("99999999999999999999,1.0,1", "column 'id': '99999999999999999999' does not fit in int64; "
+     "use dtype: string for feature 'id'"),
     ('6,"1.0,0', "malformed quotes"),
     ('6,1"0,0', "malformed quotes"),
 ]

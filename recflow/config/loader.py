@@ -37,6 +37,10 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
                 _assign(node, key, child, text)
             node = child
         _assign(node, keys[-1], value, text)
+        # epochs and steps are alternatives: the one given last wins.
+        other = {"steps": "epochs", "epochs": "steps"}.get(keys[-1])
+        if keys[:-1] == ["train"] and other and value is not None and isinstance(node, dict):
+            node.pop(other, None)
     return raw
 
 

@@ -170,11 +170,13 @@ def _convert(
     if use.kind == LABEL:
         value = tf.strings.to_number(tf.where(valid, text, "0"), tf.float32)
         number, finite = _reason(use, "a number", text), _reason(use, "a finite number", text)
-        return (
-            value,
-            (valid & tf.math.is_finite(value), lambda i: tf.where(valid[i], finite(i), number(i))),
-            None,
-        )
+        hint = " (data.positive maps raw label values to 1)"
+
+        def why(i):
+            text_hint = tf.where(empty[i], "", hint)
+            return tf.where(valid[i], finite(i), tf.strings.join([number(i), text_hint]))
+
+        return value, (valid & tf.math.is_finite(value), why), None
     value = tf.strings.to_number(tf.where(valid, text, "nan"), tf.float32)
     return value, (valid | empty, _reason(use, "a number", text)), valid & ~tf.math.is_finite(value)
 

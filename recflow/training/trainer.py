@@ -21,6 +21,7 @@ from recflow.embedding import lifecycle
 from recflow.embedding.placement import Placement
 from recflow.errors import DataError
 from recflow.export.saved_model import export_saved_model
+from recflow.features import fit
 from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
 from recflow.training import metrics as metrics_lib
@@ -65,8 +66,11 @@ class Trainer:
         verbose: int = 1,
         placement: Placement | None = None,
     ):
-        self.config = config
         self.model_dir = model_dir or config.train.model_dir
+        config, warnings = fit.resolve(config, self.model_dir)  # `auto` normalizers
+        for warning in warnings:
+            logger.warning(warning)
+        self.config = config
         self.verbose = verbose
         keras.utils.set_random_seed(config.train.seed)  # dense initial weights, dropout
         self.model: RankingModel = build_model(config, placement)
@@ -446,7 +450,10 @@ class Trainer:
         evaluate = train is None or self.config.data.eval
         result = self.evaluate() if evaluate else {"eval_bad_records": 0}
         result.update(summary)
-        result["bad_records"] = int(self.model.bad_records) + result.pop("eval_bad_records")
+        eval_bad = result.pop("eval_bad_records")  # rows of the training files count once
+        result["bad_records"] = int(self.model.bad_records) + (
+            eval_bad if result.get("eval_split") == "eval" else 0
+        )
         result["examples_read"] = self.rows_read
         result["nonfinite_values"] = self.nonfinite_values
         result["truncated_rows"] = self.truncated_rows
