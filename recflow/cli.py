@@ -91,6 +91,17 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="data helpers")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    p = data_sub.add_parser(
+        "check", help="one pass over the training data, no training: parse failures, "
+        "empty rates, distinct ids, number ranges, label values, what a run would refuse"
+    )
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--rows", type=int, default=None, help="read only the first N rows")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config value (YAML), e.g. --set data.train=day1.csv",
+    )
     p = data_sub.add_parser("synth", help="write the synthetic data set")
     p.add_argument("--out", required=True)
     p.add_argument("--rows", type=int, required=True)
@@ -265,6 +276,8 @@ def cmd_tables(args) -> int:
 
 
 def cmd_data(args) -> int:
+    if args.data_command == "check":
+        return cmd_data_check(args)
     if args.rows <= 0:  # before the import below, which loads TensorFlow
         raise RecflowError(f"--rows: expected a positive integer, got {args.rows}")
     import_tensorflow()
@@ -272,6 +285,22 @@ def cmd_data(args) -> int:
 
     for path in write_synthetic(args.out, args.rows, args.format, schema=args.schema, seed=args.seed):
         print(path)
+    return 0
+
+
+def cmd_data_check(args) -> int:
+    from recflow.config import load_config
+    from recflow.data.check import check, format_report
+
+    if args.rows is not None and args.rows <= 0:
+        raise RecflowError(f"--rows: expected a positive integer, got {args.rows}")
+    report = check(load_config(args.config, args.set), args.rows)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    if report["problems"]:
+        raise RecflowError(
+            f"data check: {len(report['problems'])} problem(s) would stop `recflow train`: "
+            + report["problems"][0]
+        )
     return 0
 
 

@@ -81,7 +81,9 @@ class DataConfig:
         _positive(self, "shuffle_buffer")
         _positive(self, "sample_rows")
         if self.format != "synthetic" and not self.train:
-            raise ConfigError("train", f"required for format {self.format!r}")
+            raise ConfigError(
+                "train", f"required for format {self.format!r} (in the file or --set data.train=PATH)"
+            )
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(
                 "max_bad_fraction", f"expected a number in [0, 1], got {self.max_bad_fraction}"

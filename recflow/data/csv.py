@@ -23,13 +23,13 @@ import tensorflow as tf
 
 from recflow.config.schema import Config
 from recflow.data import pipeline, sources
+from recflow.data.sources import DIGITS as _DIGITS
 from recflow.data.sources import FLOAT, INT64, LABEL, STRING
+from recflow.data.sources import INT64_TEXT as _INT64
+from recflow.data.sources import NUMBER as _NUMBER
+from recflow.data.sources import NUMBER_OR_SPECIAL as _NUMBER_OR_SPECIAL
 from recflow.errors import DataError
 
-_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
-_NUMBER_OR_SPECIAL = _NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" reads as missing
-_INT64 = r"-?(?:\d{1,18}|[0-8]\d{18})"  # every match fits in int64
-_DIGITS = r"[+-]?\d+"  # an integer, of any size
 _QUOTED = r'"(?:[^"]|"")*"'
 _MAX_REPEAT = 1000  # RE2's largest {n}
 

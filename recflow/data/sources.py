@@ -22,6 +22,12 @@ from recflow.errors import DataError
 BAD_RECORD_TAG = "recflow-bad-record: "
 _BAD_RECORD_RE = re.compile(re.escape(BAD_RECORD_TAG) + r"(.*)\]")
 
+# The text of values (Python `re` and RE2 both read these).
+NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+NUMBER_OR_SPECIAL = NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" reads as missing
+INT64_TEXT = r"-?(?:\d{1,18}|[0-8]\d{18})"  # every match fits in int64
+DIGITS = r"[+-]?\d+"  # an integer, of any size
+
 # Raw column kinds: the dtype a column has in the serving form (DESIGN.md section 6).
 INT64, STRING, FLOAT, LABEL = "int64", "string", "float", "label"
 
