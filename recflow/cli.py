@@ -80,7 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ps", type=int, required=True, help="parameter-server tasks")
     p.add_argument("--workers", type=int, required=True, help="worker tasks")
 
-    p = sub.add_parser("predict", help="score a CSV/Parquet file with an exported model")
+    p = sub.add_parser(
+        "predict",
+        help="score a CSV/Parquet file with an export (read with the training CSV settings); "
+        "one line per row, every output (a header line when there are several)",
+    )
     p.add_argument("export_dir")
     p.add_argument("data_file")
     p.add_argument("--batch-size", type=int, default=4096)

@@ -1,7 +1,7 @@
 """Config loading: defaults, path-named errors, `--set` overrides, round trips.
 
 Every invalid config must raise `RecflowError` whose message is one line naming
-the file and the dotted path of the offending value (DESIGN.md section 3).
+the file and the dotted path of the offending value.
 """
 
 from __future__ import annotations

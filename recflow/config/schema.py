@@ -1,4 +1,4 @@
-"""The config schema (DESIGN.md section 3): frozen dataclasses with defaults.
+"""The config schema (README "The config"): frozen dataclasses with defaults.
 
 Each section is a dataclass; its `validate()` checks values that the types
 alone cannot. Cross-section references (tables, labels, group_by) are checked

@@ -28,7 +28,7 @@ NUMBER_OR_SPECIAL = NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" re
 INT64_TEXT = r"-?(?:\d{1,18}|[0-8]\d{18})"  # every match fits in int64
 DIGITS = r"[+-]?\d+"  # an integer, of any size
 
-# Raw column kinds: the dtype a column has in the serving form (DESIGN.md section 6).
+# Raw column kinds: the dtype a column has in the serving signature.
 INT64, STRING, FLOAT, LABEL = "int64", "string", "float", "label"
 
 

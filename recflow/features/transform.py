@@ -1,4 +1,4 @@
-"""Raw columns (the serving form of DESIGN.md section 6) -> model-ready features.
+"""Raw columns (their serving form: one raw value per row) -> model-ready features.
 
 The same function runs in the training input pipeline and inside the exported
 serving graph, so training and serving can never disagree on hashing,

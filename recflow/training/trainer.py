@@ -202,10 +202,12 @@ class Trainer:
         while not self.stop_requested:
             if self.verbose and epochs:
                 print(f"Epoch {int(epoch) + 1}/{epochs}")
-            read_before = self.rows_read
+            read_before, pass_start = self.rows_read, int(self.model.global_step)
             examples += self.run_steps(iterator, target=steps, files=files, per_epoch=per_epoch)
             if self.rows_read == read_before and not resumed:
                 raise DataError(f"data.train: a pass over {_name(files)} read no rows")
+            if per_epoch is None and not resumed:  # now known, for the next passes' progress bar
+                per_epoch = int(self.model.global_step) - pass_start
             resumed = False
             if (steps is not None and self.model.global_step >= steps) or self.stop_requested:
                 break
