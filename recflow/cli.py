@@ -338,10 +338,13 @@ def _log_warnings() -> None:
     """recflow's library warnings print as `recflow: warning: ...` lines on stderr."""
     import logging
 
+    class Stderr(logging.Handler):  # the current sys.stderr at each message
+        def emit(self, record: logging.LogRecord) -> None:
+            print(f"recflow: warning: {one_line(record.getMessage())}", file=sys.stderr)
+
     logger = logging.getLogger("recflow")
-    if not logger.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("recflow: warning: %(message)s"))
+    if not any(type(h).__name__ == "Stderr" for h in logger.handlers):
+        handler = Stderr()
         handler.setLevel(logging.WARNING)
         logger.addHandler(handler)
 

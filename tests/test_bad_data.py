@@ -165,6 +165,20 @@ def test_rerun_of_a_finished_dir_trains_and_exports_nothing(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path / "run" / "export")) == ["1", "2"]
 
 
+def test_large_raw_number_without_normalizer_prints_one_warning(tmp_path, capsys):
+    write(tmp_path, [f"{i},{i * 1000},{i % 2}" for i in range(8)])
+    path = config(tmp_path)
+    raw = yaml.safe_load(Path(path).read_text())
+    del raw["features"][1]["normalizer"]
+    Path(path).write_text(yaml.safe_dump(raw), encoding="utf-8")
+    assert main(["train", path, "--quiet"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "recflow: warning: feature 'price' has no normalizer and values up to 7000; "
+        "add `normalizer: {type: auto}` (or log1p / standard)"
+    ]
+
+
 # ----------------------------------------------------------------------------- units
 
 

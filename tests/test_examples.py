@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from recflow.cli import main
 from recflow.config import load_config
@@ -55,6 +56,14 @@ def test_example_trains_on_its_sample_and_predicts(tmp_path, capsys, name):
     header = load_config(config, [f"data.train={data}"]).data.csv.header
     rows = sample_rows(data, header)
     assert metrics["bad_records"] == 0 and metrics["examples"] == rows
+
+    resolved = yaml.safe_load((model_dir / "config.yaml").read_text())
+    exported = yaml.safe_load(
+        (model_dir / "export" / "1" / "assets.extra" / "recflow_config.yaml").read_text()
+    )
+    assert exported["features"] == resolved["features"]
+    for feature in resolved["features"]:  # `auto` is stored fitted, never as `auto`
+        assert (feature.get("normalizer") or {}).get("type") != "auto"
 
     lines = list(predict_file(str(model_dir / "export" / "1"), str(data)))
     if len(outputs) > 1:
