@@ -25,7 +25,7 @@ from recflow.config import (
     to_dict,
 )
 from recflow.config.loader import apply_overrides, parse_override
-from recflow.config.schema import AdagradConfig, SGDConfig, TableConfig
+from recflow.config.schema import AdamConfig, SGDConfig, TableConfig
 from recflow.errors import ConfigError, RecflowError
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "deepfm_demo.yaml"
@@ -145,9 +145,9 @@ def test_defaults_applied(tmp_path):
     assert config.table("category") == TableConfig(dim=16)
     assert config.table("tags") == TableConfig(dim=4)
     # a table without an optimizer falls back to train.sparse_optimizer (itself defaulted)
-    assert config.train.sparse_optimizer == AdagradConfig()
-    assert config.sparse_optimizer("user") == AdagradConfig()
-    assert config.sparse_optimizer("category") == AdagradConfig()
+    assert config.train.sparse_optimizer == AdamConfig(learning_rate=0.005)
+    assert config.sparse_optimizer("user") == AdamConfig(learning_rate=0.005)
+    assert config.sparse_optimizer("category") == AdamConfig(learning_rate=0.005)
     assert config.sparse_optimizer("item") == SGDConfig(learning_rate=0.1)
 
 
