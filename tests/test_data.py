@@ -386,6 +386,34 @@ def test_tfrecord_missing_label_is_bad(tmp_path):
     assert bad_record_message(info.value) == f"{path}: record 2: label 'click' is missing"
 
 
+def test_tfrecord_labels_mapped_checked_and_infinities_counted(tmp_path):
+    path = str(tmp_path / "a.tfrecord")
+    rows = [("yes", 2.0, 1.0), ("no", float("inf"), 0.0), ("", 1.0, 3.0), ("yes", -float("inf"), 1.0)]
+    with tf.io.TFRecordWriter(path) as out:
+        for i, (answer, x, click) in enumerate(rows):
+            feature = {
+                "u": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "answer": tf.train.Feature(bytes_list=tf.train.BytesList(value=[answer.encode()])),
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[x])),
+                "click": tf.train.Feature(float_list=tf.train.FloatList(value=[click])),
+            }
+            out.write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
+    data = {"format": "tfrecord", "train": path, "positive": {"answer": ["yes"]}}
+    config = make_config(data, [cat("u", "int64"), num("x")], label="answer")
+    got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
+    # "" is a missing label (bad); yes -> 1, no -> 0; the two infinities are counted
+    assert labels["answer"].tolist() == [1.0, 0.0, 1.0] and bad == 1
+    assert got["/nonfinite"] == 2
+    config = make_config({"format": "tfrecord", "train": path}, [cat("u", "int64")])
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        read_all(make_dataset(config, "train", epochs=1))
+    assert bad_record_message(info.value).startswith(
+        f"{path}: record 3: label 'click': a binary task needs 0 or 1, got 3"
+    )
+
+
 def test_parquet_writer_stores_no_nulls(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     path = str(tmp_path / "a.parquet")
