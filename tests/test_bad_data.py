@@ -163,6 +163,11 @@ def test_rerun_of_a_finished_dir_trains_and_exports_nothing(tmp_path, capsys):
     assert main(["train", path, "--quiet", "--set", "train.steps=3"]) == 0
     assert "step 3" in capsys.readouterr().out
     assert sorted(os.listdir(tmp_path / "run" / "export")) == ["1", "2"]
+    # a finished epoch run given one more epoch trains that whole pass (2 steps of 4 rows)
+    other = tmp_path / "again"
+    assert main(["train", path, "--quiet", "--model-dir", str(other)]) == 0
+    assert main(["train", path, "--quiet", "--model-dir", str(other), "--set", "train.epochs=2"]) == 0
+    assert "step 4" in capsys.readouterr().out.splitlines()[-2]
 
 
 def test_large_raw_number_without_normalizer_prints_one_warning(tmp_path, capsys):

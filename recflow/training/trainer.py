@@ -212,11 +212,13 @@ class Trainer:
             if (steps is not None and self.model.global_step >= steps) or self.stop_requested:
                 break
             epoch.assign_add(1)  # the pass ended
+            # The next pass's fresh iterator goes into every later checkpoint, the final one
+            # included, so a run given more epochs later starts that pass at its beginning.
+            iterator = iter(self.epoch_dataset(int(epoch)))
+            self._open(iterator, restore=False, epoch=epoch)
             self._saved_step = -1  # the final checkpoint must record the new epoch
             if epochs is not None and int(epoch) >= epochs:
                 break
-            iterator = iter(self.epoch_dataset(int(epoch)))
-            self._open(iterator, restore=False, epoch=epoch)
         if int(self.model.global_step) == 0 and not self.stop_requested:
             raise DataError(
                 f"data.train: no examples trained ({self.rows_read} rows read, "
