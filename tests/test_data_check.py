@@ -76,7 +76,7 @@ def test_rows_limit_and_positive_mapping(tmp_path):
 def test_distinct_estimate_beyond_the_exact_range(monkeypatch):
     monkeypatch.setattr("recflow.data.check.EXACT_DISTINCT", 1_000)
     d = Distinct()
-    n = 60_000
+    n = 20_000
     for i in range(n):
         d.add(str(i))
         d.add(str(i))  # repeats do not count
