@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
 
 
+def strict(value):
+    """`value` with every non-finite float replaced by None (strict JSON has no NaN)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict(v) for v in value]
+    return value
+
+
 def write_json(path: str, value) -> None:
-    """Writes JSON to a temp file beside `path`, then renames it into place."""
+    """Writes strict JSON (NaN and inf become null) to a temp file beside `path`,
+    then renames it into place."""
+    value = strict(value)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=2, sort_keys=True)
+            json.dump(value, f, indent=2, sort_keys=True, allow_nan=False)
             f.write("\n")
         os.replace(tmp, path)
     except BaseException:

@@ -1,7 +1,9 @@
-"""The `recflow` command line (DESIGN.md section 4).
+"""recflow: train, evaluate, export and serve sparse recommendation models from a YAML config.
 
 Configs and data headers are validated before TensorFlow is imported, so a
 user mistake costs no wait and prints one line: `recflow: <what>` (exit 2).
+TensorFlow's import-time lines on stderr (cuFFT/cuDNN/cuBLAS factories) are
+hidden unless RECFLOW_DEBUG=1.
 """
 
 from __future__ import annotations
@@ -25,8 +27,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"recflow: {where}{one_line(message)} (see `{self.prog} --help`)\n")
 
 
+def import_tensorflow() -> None:
+    """Imports TensorFlow with stderr (fd 2) pointed at /dev/null, unless RECFLOW_DEBUG=1:
+    TF 2.17 prints "Unable to register cuFFT/cuDNN/cuBLAS factory" lines at import
+    whatever TF_CPP_MIN_LOG_LEVEL says."""
+    if "tensorflow" in sys.modules or os.environ.get("RECFLOW_DEBUG"):
+        import tensorflow  # noqa: F401
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _parser() -> argparse.ArgumentParser:
+    import recflow
+
     parser = _Parser(prog="recflow", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"recflow {recflow.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_config(name: str, help: str) -> argparse.ArgumentParser:
@@ -57,7 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ps", type=int, required=True, help="parameter-server tasks")
     p.add_argument("--workers", type=int, required=True, help="worker tasks")
 
-    p = sub.add_parser("predict", help="score a CSV/Parquet file with an exported model")
+    p = sub.add_parser(
+        "predict",
+        help="score a CSV/Parquet file with an export (read with the training CSV settings); "
+        "one line per row, every output (a header line when there are several)",
+    )
     p.add_argument("export_dir")
     p.add_argument("data_file")
     p.add_argument("--batch-size", type=int, default=4096)
@@ -68,6 +95,17 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("data", help="data helpers")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
+    p = data_sub.add_parser(
+        "check", help="one pass over the training data, no training: parse failures, "
+        "empty rates, distinct ids, number ranges, label values, what a run would refuse"
+    )
+    p.add_argument("config", help="YAML config file")
+    p.add_argument("--rows", type=int, default=None, help="read only the first N rows")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config value (YAML), e.g. --set data.train=day1.csv",
+    )
     p = data_sub.add_parser("synth", help="write the synthetic data set")
     p.add_argument("--out", required=True)
     p.add_argument("--rows", type=int, required=True)
@@ -87,6 +125,7 @@ def _load(args, check_data: bool = True):
     config = load_config(args.config, overrides)
     if check_data:
         check_sources(config)
+    import_tensorflow()
     return config
 
 
@@ -112,15 +151,26 @@ def _require_checkpoint(trainer) -> None:
         raise RecflowError(f"{trainer.checkpoint_dir}: no checkpoint to read (train first)")
 
 
+def _number(value) -> str:
+    """A metric for the summary line; an undefined one (None, NaN) prints as n/a."""
+    if value is None or value != value:
+        return "n/a"
+    return f"{value:.4f}"
+
+
 def _format_metrics(result: dict) -> str:
     names = ("auc", "gauc", "logloss", "mse", "mae", "rmse", "accuracy")
     keys = [k for k in result if k.split("/")[-1] in names or k.startswith("recall@")]
-    parts = [f"{k} {result[k]:.4f}" for k in keys]
+    parts = [f"{k} {_number(result[k])}" for k in keys]
     if "oracle_auc" in result:
-        parts.append(f"(oracle auc {result['oracle_auc']:.4f})")
+        parts.append(f"(oracle auc {_number(result['oracle_auc'])})")
     if "examples_per_sec" in result:
         parts.append(f"{result['examples_per_sec']:.0f} examples/s")
     parts.append(f"step {result.get('steps')}")
+    parts.append(f"bad_records {result.get('bad_records', 0)}")
+    for key, label in (("nonfinite_values", "non-finite values"), ("truncated_rows", "truncated rows")):
+        if result.get(key):
+            parts.append(f"{label} {result[key]}")
     return "  ".join(parts)
 
 
@@ -145,6 +195,13 @@ def cmd_train(args) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if result.get("already_done"):
+        goal = f"train.steps={config.train.steps}" if config.train.steps else f"train.epochs={config.train.total_epochs}"
+        print(
+            f"{trainer.model_dir} is already at step {result['steps']} ({goal}): nothing to train, "
+            "no new export (`recflow export` writes one; raise train.steps/epochs to train on)"
+        )
+        return 0
     print(_format_metrics(result))
     print(f"model dir: {trainer.model_dir}   export: {result['export']}")
     return 0
@@ -195,10 +252,11 @@ def cmd_export(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    import_tensorflow()
     from recflow.export.predict import predict_file
 
-    for value in predict_file(args.export_dir, args.data_file, args.batch_size):
-        print(value if isinstance(value, str) else f"{value:.6f}")
+    for line in predict_file(args.export_dir, args.data_file, args.batch_size):
+        print(line)
     return 0
 
 
@@ -213,6 +271,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tables(args) -> int:
+    import_tensorflow()
     from recflow.embedding.report import format_tables, table_stats
 
     stats = table_stats(args.model_dir)
@@ -221,12 +280,31 @@ def cmd_tables(args) -> int:
 
 
 def cmd_data(args) -> int:
+    if args.data_command == "check":
+        return cmd_data_check(args)
     if args.rows <= 0:  # before the import below, which loads TensorFlow
         raise RecflowError(f"--rows: expected a positive integer, got {args.rows}")
+    import_tensorflow()
     from recflow.data.writer import write_synthetic
 
     for path in write_synthetic(args.out, args.rows, args.format, schema=args.schema, seed=args.seed):
         print(path)
+    return 0
+
+
+def cmd_data_check(args) -> int:
+    from recflow.config import load_config
+    from recflow.data.check import check, format_report
+
+    if args.rows is not None and args.rows <= 0:
+        raise RecflowError(f"--rows: expected a positive integer, got {args.rows}")
+    report = check(load_config(args.config, args.set), args.rows)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    if report["problems"]:
+        raise RecflowError(
+            f"data check: {len(report['problems'])} problem(s) would stop `recflow train`: "
+            + report["problems"][0]
+        )
     return 0
 
 
@@ -256,9 +334,26 @@ def _user_error(exc: BaseException) -> str | None:
     return None
 
 
+def _log_warnings() -> None:
+    """recflow's library warnings print as `recflow: warning: ...` lines on stderr."""
+    import logging
+
+    class Stderr(logging.Handler):  # the current sys.stderr at each message
+        def emit(self, record: logging.LogRecord) -> None:
+            print(f"recflow: warning: {one_line(record.getMessage())}", file=sys.stderr)
+
+    logger = logging.getLogger("recflow")
+    if not any(type(h).__name__ == "Stderr" for h in logger.handlers):
+        handler = Stderr()
+        handler.setLevel(logging.WARNING)
+        logger.addHandler(handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import recflow  # noqa: F401  (selects Keras 2 before TensorFlow loads)
+
+    _log_warnings()
 
     parser = _parser()
     try:
@@ -270,6 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("recflow: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `recflow predict ... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # noqa: BLE001 - the CLI owns the exit code
         message = _user_error(exc)
         if os.environ.get("RECFLOW_DEBUG"):

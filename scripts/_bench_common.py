@@ -349,3 +349,101 @@ def ratio(a, b):
     if a is None or b is None or not b:
         return None
     return a / b
+
+
+# ----------------------------------------------------------------------------- any schema
+
+
+def deepctr_inputs(config, train: dict, evaluation: dict) -> tuple[list, dict, dict]:
+    """DeepCTR feature columns and inputs for the features of a recflow config.
+
+    Categorical -> `SparseFeat`; multi_hot / sequence -> `VarLenSparseFeat` (mean
+    pooled, padded to max_values / max_len with 0); a table shared by several
+    features -> one vocabulary and one `embedding_name`; numeric -> `DenseFeat`
+    holding recflow's own normalized values (the same inputs both systems see).
+    Vocabularies are fit on train + eval rows (DeepCTR's LabelEncoder recipe).
+    """
+    import tensorflow as tf
+    from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
+
+    from recflow.features.transform import normalize
+
+    def tokens(feature, column):
+        if feature.kind == "categorical":
+            return [[str(v)] for v in column]
+        return [[t for t in str(v).split(feature.separator) if t] for v in column]
+
+    split = {
+        f.name: (tokens(f, train[f.source]), tokens(f, evaluation[f.source]))
+        for f in config.sparse_features
+    }
+    vocab: dict[str, dict[str, int]] = {}
+    for f in config.sparse_features:
+        ids = vocab.setdefault(f.table_name, {})
+        for rows in split[f.name]:
+            for row in rows:
+                for t in row:
+                    ids.setdefault(t, len(ids) + 1)  # 0 pads
+    columns, x_train, x_eval = [], {}, {}
+    for f in config.features:
+        if f.kind == "numeric":
+            columns.append(DenseFeat(f.name, 1))
+            for out, data in ((x_train, train), (x_eval, evaluation)):
+                raw = tf.constant(np.asarray(data[f.source], np.float32))
+                out[f.name] = normalize(f, raw).numpy()
+            continue
+        ids = vocab[f.table_name]
+        dim = config.table(f.table_name).dim
+        sparse = SparseFeat(f.name, len(ids) + 1, embedding_dim=dim, embedding_name=f.table_name)
+        if f.kind == "categorical":
+            columns.append(sparse)
+            for out, rows in zip((x_train, x_eval), split[f.name]):
+                out[f.name] = np.array([ids[r[0]] for r in rows], np.int32)
+            continue
+        length = f.max_len if f.kind == "sequence" else min(f.max_values, 64)
+        columns.append(VarLenSparseFeat(sparse, maxlen=length, combiner="mean"))
+        for out, rows in zip((x_train, x_eval), split[f.name]):
+            padded = np.zeros((len(rows), length), np.int32)
+            for i, row in enumerate(rows):
+                row = [ids[t] for t in row[:length]]
+                padded[i, : len(row)] = row
+            out[f.name] = padded
+    return columns, x_train, x_eval
+
+
+def run_deepctr_config(
+    config, train: dict, evaluation: dict, *, lr: float = 0.001, seed: int = 7, l2: float = 1e-5
+) -> dict:
+    """DeepCTR's DeepFM at its own defaults (Adam, `lr`, l2 1e-5) on a recflow config's
+    features, batch size, epochs and DNN units."""
+    import tensorflow as tf
+    import tf_keras as keras
+    from deepctr.models import DeepFM
+
+    from recflow.training.metrics import auc
+
+    gc.collect()
+    keras.utils.set_random_seed(seed)
+    began = time.perf_counter()
+    columns, x_train, x_eval = deepctr_inputs(config, train, evaluation)
+    hidden = tuple(config.model.params.get("dnn", {}).get("hidden_units", (256, 128)))
+    model = DeepFM(
+        columns, columns, dnn_hidden_units=hidden, l2_reg_embedding=l2, l2_reg_linear=l2,
+        dnn_dropout=0.0, seed=seed, task="binary",
+    )  # fmt: skip
+    model.compile(keras.optimizers.Adam(learning_rate=lr), "binary_crossentropy")
+    label = config.labels[0]
+    y = np.asarray(train[label], np.float32)
+    fit_began = time.perf_counter()
+    epochs = config.train.total_epochs
+    model.fit(x_train, y, batch_size=config.data.batch_size, epochs=epochs, verbose=0, shuffle=True)
+    fit_ended = time.perf_counter()
+    scores = model.predict(x_eval, batch_size=config.data.batch_size, verbose=0).reshape(-1)
+    ended = time.perf_counter()
+    del model
+    tf.keras.backend.clear_session()
+    return {
+        "auc": auc(np.asarray(evaluation[label]), scores),
+        "job_seconds": ended - began,
+        "fit_examples_per_sec": len(y) * epochs / (fit_ended - fit_began),
+    }

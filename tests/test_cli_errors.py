@@ -1,4 +1,4 @@
-"""CLI user errors: exit 2 and exactly one `recflow: ...` line on stderr (DESIGN.md section 4).
+"""CLI user errors: exit 2 and exactly one `recflow: ...` line on stderr.
 
 Each message names the file (or glob, or argument) and the field, column or path.
 Config and data-header errors are raised before TensorFlow is imported; the

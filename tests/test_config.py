@@ -1,7 +1,7 @@
 """Config loading: defaults, path-named errors, `--set` overrides, round trips.
 
 Every invalid config must raise `RecflowError` whose message is one line naming
-the file and the dotted path of the offending value (DESIGN.md section 3).
+the file and the dotted path of the offending value.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from recflow.config import (
     to_dict,
 )
 from recflow.config.loader import apply_overrides, parse_override
-from recflow.config.schema import AdagradConfig, SGDConfig, TableConfig
+from recflow.config.schema import AdamConfig, SGDConfig, TableConfig
 from recflow.errors import ConfigError, RecflowError
 
 DEMO = Path(__file__).resolve().parent.parent / "configs" / "deepfm_demo.yaml"
@@ -138,16 +138,16 @@ def test_defaults_applied(tmp_path):
     assert config.train.checkpoint_every_steps == 1000
     assert config.features[3].dtype == "string"
     assert config.features[3].separator == "|"
-    assert config.features[5].default == 0.0
+    assert config.features[5].default is None  # missing -> neutral (see transform.normalize)
     assert config.task.metric_names("binary") == ("auc", "logloss")
     # an implicit table takes its dim from the feature, or embedding.default_dim
     assert "category" not in config.tables
     assert config.table("category") == TableConfig(dim=16)
     assert config.table("tags") == TableConfig(dim=4)
     # a table without an optimizer falls back to train.sparse_optimizer (itself defaulted)
-    assert config.train.sparse_optimizer == AdagradConfig()
-    assert config.sparse_optimizer("user") == AdagradConfig()
-    assert config.sparse_optimizer("category") == AdagradConfig()
+    assert config.train.sparse_optimizer == AdamConfig(learning_rate=0.005)
+    assert config.sparse_optimizer("user") == AdamConfig(learning_rate=0.005)
+    assert config.sparse_optimizer("category") == AdamConfig(learning_rate=0.005)
     assert config.sparse_optimizer("item") == SGDConfig(learning_rate=0.1)
 
 

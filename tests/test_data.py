@@ -33,9 +33,9 @@ SHARED = next((p for p in _CANDIDATES if os.path.isdir(p)), _CANDIDATES[0])
 needs_samples = pytest.mark.skipif(not os.path.isdir(SHARED), reason=f"no sample data at {SHARED}")
 
 
-def make_config(data: dict, features: list, label="click"):
+def make_config(data: dict, features: list, label="click", task="binary"):
     data = {"format": "csv", "label": label, "batch_size": 4, "shuffle": False, **data}
-    return config_from_dict({"data": data, "features": features})
+    return config_from_dict({"data": data, "features": features, "task": {"type": task}})
 
 
 def cat(name, dtype="string", **kw):
@@ -55,7 +55,7 @@ def read_all(ds):
                 out.setdefault(k, []).append(v.numpy())
         bad += int(b)
     return (
-        {k: np.concatenate(v) for k, v in features.items()},
+        {k: np.concatenate(v) if v[0].ndim else np.sum(v) for k, v in features.items()},
         {k: np.concatenate(v) for k, v in labels.items()},
         bad,
     )
@@ -87,7 +87,7 @@ def test_csv_round_trip_every_value_and_dtype(tmp_path, delimiter):
         num("price"),
         {"name": "tags", "kind": "multi_hot"},
     ]
-    config = make_config({"train": str(path), "csv": {"delimiter": d}}, features)
+    config = make_config({"train": str(path), "csv": {"delimiter": d}}, features, task="regression")
     batch = next(iter(make_dataset(config, "train", epochs=1)))
     assert batch[0]["id"].dtype == tf.int64 and batch[0]["name"].dtype == tf.string
     assert batch[0]["price"].dtype == tf.float32 and batch[0]["tags"].dtype == tf.string
@@ -149,7 +149,13 @@ BAD_LINES = [
     ('3,"pr\u00efx\\",0', "column 'price': expected a number, got 'pr\u00efx\\'"),
     ("x1,1.0,0", "column 'id': expected an integer, got 'x1'"),
     ("5,1.0,", "label 'click': expected a number, got ''"),
-    ("5,1.0,yes", "label 'click': expected a number, got 'yes'"),
+    (
+        "5,1.0,yes",
+        "label 'click': expected a number, got 'yes' (data.positive maps raw label values to 1)",
+    ),
+    ("5,1.0,1e39", "label 'click': expected a finite number, got '1e39'"),
+    ("99999999999999999999,1.0,1", "column 'id': '99999999999999999999' does not fit in int64; "
+     "use dtype: string for feature 'id'"),
     ('6,"1.0,0', "malformed quotes"),
     ('6,1"0,0', "malformed quotes"),
 ]
@@ -219,7 +225,7 @@ def test_movielens_sample_quoted_titles_match_pandas():
         {"name": "genres", "kind": "multi_hot"},
         num("age"),
     ]
-    config = make_config({"train": path, "batch_size": 64}, features, label="rating")
+    config = make_config({"train": path, "batch_size": 64}, features, label="rating", task="regression")
     got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
     df = pd.read_csv(path)
     assert len(got["title"]) == len(df) == 200 and bad == 0
@@ -238,9 +244,8 @@ def test_census_sample_strips_spaces_and_counts_bad_labels():
     csv_options = {"header": False, "columns": names}
     features = [cat("c2"), num("c1"), cat("c0", "int64")]
     assert df[25].dtype == np.float64  # the instance weight, e.g. 1819.08
-    config = make_config(
-        {"train": path, "csv": csv_options, "batch_size": 64}, features, label="c25"
-    )
+    data = {"train": path, "csv": csv_options, "batch_size": 64}
+    config = make_config(data, features, label="c25", task="regression")
     got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
     assert bad == 0 and len(got["c2"]) == len(df)
     assert strings(got["c2"]) == df[2].tolist()  # " Private" -> "Private"
@@ -248,11 +253,15 @@ def test_census_sample_strips_spaces_and_counts_bad_labels():
     np.testing.assert_array_equal(labels["c25"], df[25].to_numpy(np.float32))
     # The last column (" 50000+." / " - 50000.") is not a number: every row is malformed.
     last = names[-1]
-    config = make_config(
-        {"train": path, "csv": csv_options, "batch_size": 64}, features, label=last
-    )
+    config = make_config(data, features, label=last, task="regression")
     got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
     assert bad == len(df) and len(labels[last]) == 0
+    # data.positive maps it: " 50000+." is 1 (spaces stripped on both sides), the rest 0.
+    config = make_config({**data, "positive": {last: " 50000+."}}, features, label=last)
+    got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
+    expected = (df.iloc[:, -1].str.strip() == "50000+.").to_numpy(np.float32)
+    assert bad == 0 and 0 < expected.sum() < len(df)
+    np.testing.assert_array_equal(labels[last], expected)
 
 
 # ----------------------------------------------------------------------------- source checks
@@ -346,6 +355,7 @@ def test_synthetic_demo_round_trip(tmp_path, fmt):
         got, labels, bad = read_all(make_dataset(config, split, epochs=1))
         assert len(labels["click"]) == rows and bad == 0
         np.testing.assert_array_equal(labels["click"], columns["click"].astype(np.float32))
+        assert got.pop("/nonfinite") == 0  # NaN is a missing price, not a non-finite one
         for name, values in got.items():
             if values.dtype == object:
                 assert strings(values) == list(columns[name]), name
@@ -374,6 +384,34 @@ def test_tfrecord_missing_label_is_bad(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError) as info:
         read_all(make_dataset(config, "train", epochs=1))
     assert bad_record_message(info.value) == f"{path}: record 2: label 'click' is missing"
+
+
+def test_tfrecord_labels_mapped_checked_and_infinities_counted(tmp_path):
+    path = str(tmp_path / "a.tfrecord")
+    rows = [("yes", 2.0, 1.0), ("no", float("inf"), 0.0), ("", 1.0, 3.0), ("yes", -float("inf"), 1.0)]
+    with tf.io.TFRecordWriter(path) as out:
+        for i, (answer, x, click) in enumerate(rows):
+            feature = {
+                "u": tf.train.Feature(int64_list=tf.train.Int64List(value=[i])),
+                "answer": tf.train.Feature(bytes_list=tf.train.BytesList(value=[answer.encode()])),
+                "x": tf.train.Feature(float_list=tf.train.FloatList(value=[x])),
+                "click": tf.train.Feature(float_list=tf.train.FloatList(value=[click])),
+            }
+            out.write(
+                tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+            )
+    data = {"format": "tfrecord", "train": path, "positive": {"answer": ["yes"]}}
+    config = make_config(data, [cat("u", "int64"), num("x")], label="answer")
+    got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
+    # "" is a missing label (bad); yes -> 1, no -> 0; the two infinities are counted
+    assert labels["answer"].tolist() == [1.0, 0.0, 1.0] and bad == 1
+    assert got["/nonfinite"] == 2
+    config = make_config({"format": "tfrecord", "train": path}, [cat("u", "int64")])
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        read_all(make_dataset(config, "train", epochs=1))
+    assert bad_record_message(info.value).startswith(
+        f"{path}: record 3: label 'click': a binary task needs 0 or 1, got 3"
+    )
 
 
 def test_parquet_writer_stores_no_nulls(tmp_path):

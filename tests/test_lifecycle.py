@@ -104,7 +104,7 @@ def test_tables_report_exact_survivors(trained, capsys):
     survivors = {k for k, s in last_seen.items() if s > 8 - 3}
     assert stats["i"]["keys"] == len(survivors)
     assert stats["i"]["shards"] == [len(survivors)]
-    width = 4 + 4 + 2  # embedding, adagrad accumulator, count and last step
+    width = 4 + 8 + 2  # embedding, Adam m and v (the default sparse optimizer), count, last step
     assert stats["i"]["bytes"] == len(survivors) * (8 + 4 * width)
 
 

@@ -37,6 +37,10 @@ def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
                 _assign(node, key, child, text)
             node = child
         _assign(node, keys[-1], value, text)
+        # epochs and steps are alternatives: the one given last wins.
+        other = {"steps": "epochs", "epochs": "steps"}.get(keys[-1])
+        if keys[:-1] == ["train"] and other and value is not None and isinstance(node, dict):
+            node.pop(other, None)
     return raw
 
 
@@ -146,8 +150,18 @@ def check_references(config: Config) -> None:
         names = [t.name for t in config.task.tasks]
         if len(set(names)) != len(names):
             raise ConfigError("task.tasks", "task names must be unique")
+        if config.data.label and set(config.data.label) != set(labels):
+            raise ConfigError(
+                "data.label",
+                f"the labels come from task.tasks ({', '.join(labels)}); remove data.label",
+            )
+    elif not config.data.label:
+        raise ConfigError("data.label", "required")
     elif len(config.data.label) != 1:
         raise ConfigError("data.label", f"expected one label for task type {config.task.type!r}")
+    for column in config.data.positive:
+        if column not in labels:
+            raise ConfigError(f"data.positive.{column}", f"not a label (labels: {', '.join(labels)})")
     group_by = config.task.group_by
     if group_by is not None and group_by not in seen:
         raise ConfigError("task.group_by", f"no feature {group_by!r}")

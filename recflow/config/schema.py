@@ -1,4 +1,4 @@
-"""The config schema (DESIGN.md section 3): frozen dataclasses with defaults.
+"""The config schema (README "The config"): frozen dataclasses with defaults.
 
 Each section is a dataclass; its `validate()` checks values that the types
 alone cannot. Cross-section references (tables, labels, group_by) are checked
@@ -69,14 +69,33 @@ class DataConfig:
     shuffle_buffer: int = 10_000
     seed: int = 7
     on_bad_record: Literal["skip", "fail"] = "skip"
+    # A pass whose skipped rows exceed this fraction of the rows read stops the run.
+    max_bad_fraction: float = 0.01
+    # label column -> the raw values (stripped) that are 1; every other value is 0.
+    positive: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
+    # rows read (from the start of data.train) to fit `normalizer: {type: auto}`
+    sample_rows: int = 10_000
 
     def validate(self) -> None:
         _positive(self, "batch_size")
         _positive(self, "shuffle_buffer")
+        _positive(self, "sample_rows")
         if self.format != "synthetic" and not self.train:
-            raise ConfigError("train", f"required for format {self.format!r}")
-        if not self.label:
-            raise ConfigError("label", "required")
+            raise ConfigError(
+                "train", f"required for format {self.format!r} (in the file or --set data.train=PATH)"
+            )
+        if not 0.0 <= self.max_bad_fraction <= 1.0:
+            raise ConfigError(
+                "max_bad_fraction", f"expected a number in [0, 1], got {self.max_bad_fraction}"
+            )
+        for column, values in self.positive.items():
+            if not values:
+                raise ConfigError(f"positive.{column}", "expected at least one value")
+
+    def positive_values(self, label: str) -> tuple[str, ...] | None:
+        """The stripped raw values of `label` that count as 1, or None when not mapped."""
+        values = self.positive.get(label)
+        return None if values is None else tuple(str(v).strip() for v in values)
 
 
 # ----------------------------------------------------------------------------- features
@@ -89,12 +108,23 @@ class LogNormalizer:
 
 @dataclass(frozen=True)
 class StandardNormalizer:
+    """(x - mean) / std; with `log1p: true`, of log1p(max(x, 0)) (what `auto` picks for heavy tails)."""
+
     type: Literal["standard"] = "standard"
     mean: float = 0.0
     std: float = 1.0
+    log1p: bool = False
 
     def validate(self) -> None:
         _positive(self, "std")
+
+
+@dataclass(frozen=True)
+class AutoNormalizer:
+    """Fitted on `data.sample_rows` training rows before training; the resolved
+    config (and the export) holds the `standard` normalizer it becomes."""
+
+    type: Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)
@@ -114,7 +144,9 @@ class IdentityNormalizer:
     type: Literal["none"] = "none"
 
 
-Normalizer = LogNormalizer | StandardNormalizer | BucketizeNormalizer | IdentityNormalizer
+Normalizer = (
+    LogNormalizer | StandardNormalizer | BucketizeNormalizer | IdentityNormalizer | AutoNormalizer
+)
 
 
 @dataclass(frozen=True)
@@ -128,6 +160,7 @@ class NormalizerSpec:
             "standard": StandardNormalizer,
             "bucketize": BucketizeNormalizer,
             "none": IdentityNormalizer,
+            "auto": AutoNormalizer,
         },
     )
 
@@ -179,9 +212,11 @@ class MultiHotFeature(_SparseFeature):
     kind: Literal["multi_hot"] = "multi_hot"
     separator: str = "|"
     combiner: Literal["sum", "mean", "sqrtn"] = "mean"
+    max_values: int = 1000  # longer rows keep their first max_values values (counted)
 
     def validate(self) -> None:
         super().validate()
+        _positive(self, "max_values")
         if not self.separator:
             raise ConfigError("separator", "expected a non-empty string")
 
@@ -203,7 +238,9 @@ class SequenceFeature(_SparseFeature):
 class NumericFeature(Feature):
     kind: Literal["numeric"] = "numeric"
     normalizer: NormalizerSpec | None = None
-    default: float = 0.0
+    # Raw value used when missing or not finite; None: neutral (the normalizer's mean,
+    # 0 after `standard`/`auto`; 0 raw otherwise).
+    default: float | None = None
 
 
 Feature.__discriminator__ = (
@@ -256,8 +293,12 @@ class AdagradConfig:
 
 @dataclass(frozen=True)
 class AdamConfig:
+    """Sparse Adam on rows. The default learning rate (5e-3) is the default sparse
+    optimizer: at or above DeepCTR's DeepFM (Adam 1e-3) on every synthetic schema
+    (scripts/compare_deepctr.py --defaults; table in the README)."""
+
     type: Literal["adam"] = "adam"
-    learning_rate: float = 0.001
+    learning_rate: float = 0.005
     beta_1: float = 0.9
     beta_2: float = 0.999
     epsilon: float = 1e-7
@@ -429,7 +470,7 @@ class TrainConfig:
     epochs: int | None = None
     steps: int | None = None
     optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
-    sparse_optimizer: OptimizerSpec = field(default_factory=AdagradConfig)
+    sparse_optimizer: OptimizerSpec = field(default_factory=AdamConfig)
     checkpoint_every_steps: int | None = 1000
     keep_checkpoints: int = 3
     log_every_steps: int = 100
@@ -519,6 +560,13 @@ class Config:
 
     def sparse_optimizer(self, table: str) -> OptimizerConfig:
         return self.table(table).optimizer or self.train.sparse_optimizer
+
+    @property
+    def binary_labels(self) -> frozenset[str]:
+        """The labels of binary heads (each must be 0 or 1)."""
+        if self.task.type == "multitask":
+            return frozenset(t.label for t in self.task.tasks if t.type == "binary")
+        return frozenset(self.data.label) if self.task.type == "binary" else frozenset()
 
     @property
     def labels(self) -> tuple[str, ...]:

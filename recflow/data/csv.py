@@ -9,8 +9,8 @@ if asked, batched, and then checked as a whole batch:
       -> ({"user_id": [3299], "title": ["Ed Wood, 1994"], ...}, labels, bad=1)
 
 A malformed line (wrong field count, bad quoting, a number column that is not a
-number, an int64 id that is not an integer, an empty or non-numeric label) is
-dropped and counted (`on_bad_record: skip`) or stops the input with
+number, an int64 id that is not an integer or does not fit in int64, an empty,
+non-numeric or non-finite label) is dropped and counted (`on_bad_record: skip`) or stops the input with
 `recflow-bad-record: {file}: line {n}: {reason}` (`fail`). Blank lines are
 ignored. A quoted field cannot span lines: such a record reads as two bad lines.
 """
@@ -23,12 +23,13 @@ import tensorflow as tf
 
 from recflow.config.schema import Config
 from recflow.data import pipeline, sources
+from recflow.data.sources import DIGITS as _DIGITS
 from recflow.data.sources import FLOAT, INT64, LABEL, STRING
+from recflow.data.sources import INT64_TEXT as _INT64
+from recflow.data.sources import NUMBER as _NUMBER
+from recflow.data.sources import NUMBER_OR_SPECIAL as _NUMBER_OR_SPECIAL
 from recflow.errors import DataError
 
-_NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
-_NUMBER_OR_SPECIAL = _NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" reads as missing
-_INT64 = r"-?(?:\d{1,18}|[0-8]\d{18})"  # every match fits in int64
 _QUOTED = r'"(?:[^"]|"")*"'
 _MAX_REPEAT = 1000  # RE2's largest {n}
 
@@ -91,18 +92,23 @@ def dataset(
             select_cols=selected,
         )
         decoded = {}
+        nonfinite = []
         for use in uses:
-            value, check = _convert(fields[slot[position[use.column]]], use)
+            value, check, infinite = _convert(fields[slot[position[use.column]]], use)
             decoded[use.key] = value
             if check is not None:
                 checks.append(check)
+            if infinite is not None:
+                nonfinite.append(tf.cast(infinite, tf.int64))
         keep, bad, deps = pipeline.screen(
             checks,
             present,
             config.data.on_bad_record,
             pipeline.locator(files, keys, "line"),
+            fatal=pipeline.fatal_checks(config, decoded),
         )
-        return pipeline.outputs(config, decoded, bad, keep, deps)
+        counts = tf.add_n(nonfinite) if nonfinite else None
+        return pipeline.outputs(config, decoded, bad, keep, deps, nonfinite=counts)
 
     return pipeline.finish(ds, parse)
 
@@ -124,23 +130,55 @@ def _structure_check(delimiter: str, width: int):
     return check
 
 
-def _convert(raw: tf.Tensor, use: sources.Need) -> tuple[tf.Tensor, pipeline.Check | None]:
-    """Strips and converts one column; returns the value and its validity check."""
+def _convert(
+    raw: tf.Tensor, use: sources.Need
+) -> tuple[tf.Tensor, pipeline.Check | None, tf.Tensor | None]:
+    """Strips and converts one column.
+
+    Returns:
+        (value, its validity check or None, [batch] bool of the non-finite values
+        of a numeric feature ("nan", "inf", overflow; they read as missing) or None).
+    """
     text = tf.strings.strip(raw)
     if use.kind == STRING:
-        return text, None
+        return text, None, None
     empty = tf.equal(text, "")
     if use.kind == INT64:
         valid = empty | tf.strings.regex_full_match(text, _INT64)
         value = tf.strings.to_number(tf.where(valid & ~empty, text, "-1"), tf.int64)
-        return value, (valid, _reason(use, "an integer", text))
+        too_big = tf.strings.regex_full_match(text, _DIGITS)
+
+        def why(i):
+            return tf.where(
+                too_big[i],
+                tf.strings.join(
+                    [
+                        f"column '{use.column}': '",
+                        text[i],
+                        f"' does not fit in int64; use dtype: string for {use.who}",
+                    ]
+                ),
+                _reason(use, "an integer", text)(i),
+            )
+
+        return value, (valid, why), None
+    if use.kind == LABEL and use.positive is not None:
+        hit = tf.reduce_any(tf.equal(text[:, None], tf.constant(list(use.positive))), axis=1)
+        return tf.cast(hit, tf.float32), (~empty, _reason(use, "a value", text)), None
     pattern = _NUMBER_OR_SPECIAL if use.kind == FLOAT else _NUMBER
     valid = tf.strings.regex_full_match(text, pattern)
     if use.kind == LABEL:
         value = tf.strings.to_number(tf.where(valid, text, "0"), tf.float32)
-        return value, (valid, _reason(use, "a number", text))
+        number, finite = _reason(use, "a number", text), _reason(use, "a finite number", text)
+        hint = " (data.positive maps raw label values to 1)"
+
+        def why(i):
+            text_hint = tf.where(empty[i], "", hint)
+            return tf.where(valid[i], finite(i), tf.strings.join([number(i), text_hint]))
+
+        return value, (valid & tf.math.is_finite(value), why), None
     value = tf.strings.to_number(tf.where(valid, text, "nan"), tf.float32)
-    return value, (valid | empty, _reason(use, "a number", text))
+    return value, (valid | empty, _reason(use, "a number", text)), valid & ~tf.math.is_finite(value)
 
 
 def _reason(use: sources.Need, expected: str, text: tf.Tensor):

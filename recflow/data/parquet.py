@@ -110,6 +110,7 @@ def dataset(
             tf.ones_like(keys, dtype=tf.bool),
             config.data.on_bad_record,
             pipeline.locator(files, keys, "row"),
+            fatal=pipeline.fatal_checks(config, decoded),
         )
         return pipeline.outputs(config, decoded, bad, keep, deps)
 

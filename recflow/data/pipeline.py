@@ -11,12 +11,16 @@ position. The element of a dataset:
     labels:   {label name: [batch] float32}
     bad:      int64 scalar, malformed records dropped from this batch
 
+`features[NONFINITE]` is an int64 scalar: the numeric values of the kept rows
+that are not finite (inf, overflow, "nan"); the transforms treat them as missing.
+
 Batches hold `data.batch_size` records; the last one, and batches that lost
 malformed records, are smaller. With shuffle off the order is the file order.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Callable
 
@@ -29,6 +33,8 @@ from recflow.data.sources import INT64, LABEL, STRING, Need
 from recflow.errors import DataError
 
 AUTOTUNE = tf.data.AUTOTUNE
+NONFINITE = "/nonfinite"  # features key: count of non-finite numeric values in the batch
+TRUNCATED = "/truncated"  # transformed features key: multi_hot rows cut to max_values
 FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
 # A validity check of a batch: (ok [batch] bool, row index -> scalar reason string).
 Check = tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]
@@ -114,6 +120,19 @@ def synthetic_dataset(
     return finish(ds, convert)
 
 
+def first_bad_record(config: Config, files: Sequence[str]) -> str | None:
+    """`{file}: line {n}: {reason}` of the first malformed record of `files`, in file
+    order, or None when there is none. Reads up to that record."""
+    strict = dataclasses.replace(config, data=dataclasses.replace(config.data, on_bad_record="fail"))
+    ds = make_file_dataset(strict, files, epochs=1, shuffle=False)
+    try:
+        for _ in ds:
+            pass
+    except tf.errors.InvalidArgumentError as e:
+        return sources.bad_record_message(e)
+    return None
+
+
 # ----------------------------------------------------------------------------- building blocks
 
 
@@ -187,6 +206,11 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
     """
     ragged = isinstance(x, tf.RaggedTensor)
     dtype = x.dtype
+    if use.positive is not None:  # a mapped label: 1 for the positive raw values, else 0
+        text = tf.strings.strip(x if dtype == tf.string else tf.strings.as_string(x))
+        text = _first(text, "") if ragged else text
+        hit = tf.reduce_any(tf.equal(text[:, None], tf.constant(list(use.positive))), axis=1)
+        return tf.where(tf.equal(text, ""), float("nan"), tf.cast(hit, tf.float32))
     if use.kind == STRING:
         if dtype != tf.string:
             x = tf.strings.as_string(x)
@@ -213,18 +237,65 @@ def _first(x: tf.RaggedTensor, default) -> tf.Tensor:
     return x[:, :1].to_tensor(default_value=default, shape=[None, 1])[:, 0]
 
 
+def label_key(config: Config, label: str) -> tuple:
+    """The `decoded` key of a label column."""
+    return sources.label_need(config, label).key
+
+
 def label_checks(config: Config, decoded: dict) -> list[Check]:
-    """Checks that each label of a typed batch is a number (not NaN)."""
+    """Checks that each label of a typed batch is a finite number (NaN: missing)."""
     checks = []
     for label in config.labels:
-        value = decoded[(label, LABEL, None)]
+        value = decoded[label_key(config, label)]
         checks.append(
             (
-                ~tf.math.is_nan(value),
-                lambda i, label=label: tf.constant(f"label '{label}' is missing"),
+                tf.math.is_finite(value),
+                lambda i, label=label, value=value: tf.where(
+                    tf.math.is_nan(value[i]),
+                    f"label '{label}' is missing",
+                    tf.strings.join(
+                        [f"label '{label}': expected a finite number, got ", tf.strings.as_string(value[i])]
+                    ),
+                ),
             )
         )
     return checks
+
+
+def fatal_checks(config: Config, decoded: dict) -> list[Check]:
+    """Checks whose failure stops the input whatever `data.on_bad_record` says:
+    a label of a binary head is 0 or 1 (a 3 means the config maps the wrong column)."""
+    checks = []
+    for use in sources.needs(config):
+        if use.kind != LABEL or not use.binary or use.positive is not None:
+            continue
+        value = decoded[use.key]
+        text = tf.strings.as_string(value, shortest=True)
+        checks.append(
+            (
+                tf.equal(value, 0.0) | tf.equal(value, 1.0) | ~tf.math.is_finite(value),
+                lambda i, use=use, text=text: tf.strings.join(
+                    [
+                        f"label '{use.column}': a binary task needs 0 or 1, got ",
+                        text[i],
+                        f" (map raw values to 1 with data.positive: {{{use.column}: [...]}},"
+                        " or use task.type: regression)",
+                    ]
+                ),
+            )
+        )
+    return checks
+
+
+def infinite_values(config: Config, decoded: dict) -> tf.Tensor | None:
+    """[batch] int64: infinite numeric feature values per row, or None without numeric
+    features (typed readers: NaN there is a missing value)."""
+    counts = [
+        tf.cast(tf.math.is_inf(decoded[use.key]), tf.int64)
+        for use in unique(sources.needs(config))
+        if use.kind == sources.FLOAT
+    ]
+    return tf.add_n(counts) if counts else None
 
 
 def screen(
@@ -232,6 +303,7 @@ def screen(
     present: tf.Tensor,
     on_bad: str,
     locate: Callable[[tf.Tensor], tf.Tensor],
+    fatal: Sequence[Check] = (),
 ) -> tuple[tf.Tensor, tf.Tensor, list]:
     """Applies the validity checks of a batch.
 
@@ -240,37 +312,59 @@ def screen(
         present: [batch] bool, False for records that are silently ignored (blank lines).
         on_bad: "skip" (drop and count malformed records) or "fail".
         locate: row index -> scalar string like `file: line 7`.
+        fatal: (ok, reason) pairs checked on the well-formed records; one False
+            stops the input whatever `on_bad` says.
 
     Returns:
         (keep [batch] bool, number of dropped malformed records, control deps).
-        With "fail" the control dep is an assertion whose message is
-        `recflow-bad-record: {file}: line {n}: {reason}` for the first bad record.
+        A control dep is an assertion whose message is
+        `recflow-bad-record: {file}: line {n}: {reason}` for the first failing
+        record (of `checks` with "fail", of `fatal` always).
     """
     ok = (
         tf.reduce_all(tf.stack([c for c, _ in checks]), axis=0) if checks else tf.ones_like(present)
     )
+    deps = []
     if on_bad == "skip":
         keep = present & ok
-        return keep, tf.reduce_sum(tf.cast(present & ~ok, tf.int64)), []
-    fine = ok | ~present
+        bad = tf.reduce_sum(tf.cast(present & ~ok, tf.int64))
+    else:
+        keep, bad = present, tf.constant(0, tf.int64)
+        deps.append(_assertion(checks, ok | ~present, locate))
+    if fatal:
+        fine = tf.reduce_all(tf.stack([c for c, _ in fatal]), axis=0) | ~(present & ok)
+        deps.append(_assertion(fatal, fine, locate))
+    return keep, bad, deps
+
+
+def _assertion(checks: Sequence[Check], fine: tf.Tensor, locate: Callable) -> tf.Operation:
+    """Asserts `fine` everywhere; the message names the first row that is not and why."""
     first = tf.argmin(tf.cast(fine, tf.int32), output_type=tf.int32)
     reason = tf.constant("")
     for valid, why in reversed(checks):
         reason = tf.where(valid[first], reason, why(first))
     message = tf.strings.join([sources.BAD_RECORD_TAG, locate(first), ": ", reason])
-    assertion = tf.debugging.Assert(tf.reduce_all(fine), [message], summarize=1)
-    return present, tf.constant(0, tf.int64), [assertion]
+    return tf.debugging.Assert(tf.reduce_all(fine), [message], summarize=1)
 
 
 def outputs(
-    config: Config, decoded: dict, bad: tf.Tensor, keep: tf.Tensor | None = None, deps=()
+    config: Config,
+    decoded: dict,
+    bad: tf.Tensor,
+    keep: tf.Tensor | None = None,
+    deps=(),
+    nonfinite: tf.Tensor | None = None,
 ) -> tuple:
     """Builds `(features, labels, bad)` from decoded columns keyed by `Need.key`.
 
     Rows where `keep` is False are dropped (no copy when every row is kept); the
-    outputs wait for `deps` (the bad-record assertion).
+    outputs wait for `deps` (the bad-record assertions). `nonfinite` ([batch]
+    int64, default: the infinite values) is summed over the kept rows into
+    `features[NONFINITE]`.
     """
     keys = list(decoded)
+    if nonfinite is None:
+        nonfinite = infinite_values(config, decoded)
     with tf.control_dependencies(list(deps)):
         values = [tf.identity(decoded[k]) for k in keys]
         if keep is not None:
@@ -283,7 +377,12 @@ def outputs(
     column = dict(zip(keys, values))
     uses = sources.needs(config)
     features = {f.name: column[use.key] for f, use in zip(config.features, uses)}
-    labels = {label: column[(label, LABEL, None)] for label in config.labels}
+    if nonfinite is None:
+        features[NONFINITE] = tf.constant(0, tf.int64)
+    else:
+        kept = nonfinite if keep is None else tf.where(keep, nonfinite, tf.zeros_like(nonfinite))
+        features[NONFINITE] = tf.reduce_sum(kept)
+    labels = {label: column[label_key(config, label)] for label in config.labels}
     return features, labels, bad
 
 

@@ -22,7 +22,13 @@ from recflow.errors import DataError
 BAD_RECORD_TAG = "recflow-bad-record: "
 _BAD_RECORD_RE = re.compile(re.escape(BAD_RECORD_TAG) + r"(.*)\]")
 
-# Raw column kinds: the dtype a column has in the serving form (DESIGN.md section 6).
+# The text of values (Python `re` and RE2 both read these).
+NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
+NUMBER_OR_SPECIAL = NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" reads as missing
+INT64_TEXT = r"-?(?:\d{1,18}|[0-8]\d{18})"  # every match fits in int64
+DIGITS = r"[+-]?\d+"  # an integer, of any size
+
+# Raw column kinds: the dtype a column has in the serving signature.
 INT64, STRING, FLOAT, LABEL = "int64", "string", "float", "label"
 
 
@@ -36,17 +42,22 @@ class Need:
             `label` (float32, must be a number).
         who: for messages, e.g. `feature 'price'` or `label`.
         separator: the separator of a multi_hot or sequence feature, else None.
+        positive: for a label, the raw values (stripped) that are 1 (every other
+            value is 0), or None for a numeric label.
+        binary: a label of a binary head: any value other than 0 or 1 stops the input.
     """
 
     column: str
     kind: str
     who: str
     separator: str | None = None
+    positive: tuple[str, ...] | None = None
+    binary: bool = False
 
     @property
-    def key(self) -> tuple[str, str, str | None]:
+    def key(self) -> tuple:
         """Identifies one decoded column; uses with equal keys share it."""
-        return (self.column, self.kind, self.separator)
+        return (self.column, self.kind, self.separator, self.positive)
 
 
 def raw_kind(feature: Feature) -> str:
@@ -68,8 +79,23 @@ def needs(config: Config) -> list[Need]:
         Need(f.source, raw_kind(f), f"feature '{f.name}'", getattr(f, "separator", None))
         for f in config.features
     ]
-    result += [Need(label, LABEL, "label") for label in config.labels]
+    binary = config.binary_labels
+    result += [
+        Need(
+            label,
+            LABEL,
+            "label",
+            positive=config.data.positive_values(label),
+            binary=label in binary,
+        )
+        for label in config.labels
+    ]
     return result
+
+
+def label_need(config: Config, label: str) -> Need:
+    """The use of a label column."""
+    return next(n for n in needs(config) if n.kind == LABEL and n.column == label)
 
 
 def expand(patterns: Iterable[str], where: str) -> list[str]:
@@ -144,6 +170,27 @@ def check_files(config: Config, files: list[str]) -> None:
             raise DataError(f"{file}: no such file")
 
 
+def has_rows(file: str, options: CsvOptions) -> bool:
+    """Whether a CSV file has a non-blank line after its header (if any)."""
+    try:
+        with open(file, "rb") as f:
+            if options.header:
+                f.readline()
+            return any(line.strip() for line in f)
+    except OSError as e:
+        raise DataError(f"{file}: cannot read ({e.strerror})") from None
+
+
+def check_rows(config: Config, files: list[str], where: str) -> None:
+    """Raises DataError when no CSV file of a split has a data row."""
+    if config.data.format != "csv" or any(has_rows(f, config.data.csv) for f in files):
+        return
+    header = " after the header line" if config.data.csv.header else ""
+    if len(files) == 1:
+        raise DataError(f"{files[0]}: no rows{header} ({where})")
+    raise DataError(f"{where}: none of the {len(files)} files has a row{header} (first: {files[0]})")
+
+
 def check_synthetic(config: Config) -> None:
     """Checks that every feature source and label is a column of the synthetic schema."""
     from recflow.data import synthetic
@@ -179,7 +226,9 @@ def check_sources(config: Config) -> None:
         return
     for where, patterns in (("data.train", config.data.train), ("data.eval", config.data.eval)):
         if patterns:
-            check_files(config, expand(patterns, where))
+            files = expand(patterns, where)
+            check_files(config, files)
+            check_rows(config, files, where)
 
 
 def bad_record_message(exc: BaseException) -> str | None:

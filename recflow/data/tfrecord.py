@@ -90,6 +90,7 @@ def dataset(
             present,
             config.data.on_bad_record,
             pipeline.locator(files, keys, "record"),
+            fatal=pipeline.fatal_checks(config, decoded),
         )
         return pipeline.outputs(config, decoded, bad, keep, deps)
 

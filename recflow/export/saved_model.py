@@ -1,4 +1,4 @@
-"""SavedModel export (DESIGN.md section 6).
+"""SavedModel export (README "Serving the export").
 
 `serving_default` takes one raw column per feature and runs hashing,
 splitting, normalization and the table lookups in the graph. The export holds

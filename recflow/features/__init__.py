@@ -1,5 +1,18 @@
-"""Raw columns -> int64 keys / dense tensors (hashing, splitting, normalizers)."""
+"""Raw columns -> int64 keys / dense tensors (hashing, splitting, normalizers).
 
-from recflow.features.transform import normalize, serving_dtype, sparse_ids, transform
+The transforms import TensorFlow on first use; `recflow.features.fit.fit_normalizer`
+does not.
+"""
+
+_LAZY = {"normalize", "serving_dtype", "sparse_ids", "transform"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        from recflow.features import transform as module
+
+        return getattr(module, name)
+    raise AttributeError(f"module 'recflow.features' has no attribute {name!r}")
+
 
 __all__ = ["normalize", "serving_dtype", "sparse_ids", "transform"]

@@ -70,7 +70,7 @@ def follow(
             iterator = iter(trainer.dataset("train", epochs=1, files=[file]))
             trainer._open(iterator, restore=False, stream=state)
             state.current.assign(file)
-        trained = trainer.run_steps(iterator)
+        trained = trainer.run_steps(iterator, files=[state.current_file()])
         examples += trained
         if trainer.stop_requested:
             break  # the file stays in progress; its input position goes into the checkpoint

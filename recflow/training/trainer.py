@@ -16,10 +16,13 @@ from recflow import data as data_lib
 from recflow.atomic import write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config, DenseOptimizerConfig
+from recflow.data.pipeline import NONFINITE, TRUNCATED
 from recflow.embedding import lifecycle
 from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
+from recflow.errors import DataError
 from recflow.export.saved_model import export_saved_model
+from recflow.features import fit
 from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
 from recflow.training import metrics as metrics_lib
@@ -64,8 +67,11 @@ class Trainer:
         verbose: int = 1,
         placement: Placement | None = None,
     ):
-        self.config = config
         self.model_dir = model_dir or config.train.model_dir
+        config, warnings = fit.resolve(config, self.model_dir)  # `auto` normalizers
+        for warning in warnings:
+            logger.warning(warning)
+        self.config = config
         self.verbose = verbose
         keras.utils.set_random_seed(config.train.seed)  # dense initial weights, dropout
         self.model: RankingModel = build_model(config, placement)
@@ -77,6 +83,10 @@ class Trainer:
         self._step_fn = None
         self._writer = None
         self.stop_requested = False
+        self.rows_read = 0  # rows read by training passes of this process (kept + bad)
+        self.bad_rows = 0
+        self.nonfinite_values = 0  # numeric values read as missing: inf, overflow, "nan"
+        self.truncated_rows = 0  # multi_hot rows cut to max_values
 
     # ------------------------------------------------------------------ input
 
@@ -94,10 +104,15 @@ class Trainer:
 
     def _transformed(self, ds):
         config = self.config
-        ds = ds.map(
-            lambda f, labels, bad: (transform(config, f), labels, bad),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
+
+        def fn(raw, labels, bad):
+            counts: dict = {}
+            features = transform(config, raw, counts)
+            features[NONFINITE] = raw[NONFINITE]
+            features[TRUNCATED] = tf.cast(counts.get("truncated", 0), tf.int64)
+            return features, labels, bad
+
+        ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
     # ------------------------------------------------------------------ checkpoints
@@ -175,21 +190,67 @@ class Trainer:
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
         saved = saved_value(self.checkpoint_dir, "epoch")
         epoch.assign(0 if saved is None else int(saved))
+        steps = config.train.steps
+        if saved is not None and steps is None and int(epoch) >= epochs:
+            return self.already_done(int(epoch))
         iterator = iter(self.epoch_dataset(int(epoch)))
         self._open(iterator, epoch=epoch)
         began, start = time.perf_counter(), int(self.model.global_step)
-        examples = 0
+        if steps is not None and start >= steps:
+            return self.already_done(int(epoch))
+        files = self.train_files()
+        per_epoch = self.steps_per_epoch(files)
+        examples, resumed = 0, start > 0
         while not self.stop_requested:
-            examples += self.run_steps(iterator, target=config.train.steps)
-            done_steps = config.train.steps is not None and self.model.global_step >= config.train.steps
-            if done_steps or self.stop_requested:
+            if self.verbose and epochs:
+                print(f"Epoch {int(epoch) + 1}/{epochs}")
+            read_before, pass_start = self.rows_read, int(self.model.global_step)
+            examples += self.run_steps(iterator, target=steps, files=files, per_epoch=per_epoch)
+            if self.rows_read == read_before and not resumed:
+                raise DataError(f"data.train: a pass over {_name(files)} read no rows")
+            if per_epoch is None and not resumed:  # now known, for the next passes' progress bar
+                per_epoch = int(self.model.global_step) - pass_start
+            resumed = False
+            if (steps is not None and self.model.global_step >= steps) or self.stop_requested:
                 break
             epoch.assign_add(1)  # the pass ended
-            if epochs is not None and int(epoch) >= epochs:
-                break
+            # The next pass's fresh iterator goes into every later checkpoint, the final one
+            # included, so a run given more epochs later starts that pass at its beginning.
             iterator = iter(self.epoch_dataset(int(epoch)))
             self._open(iterator, restore=False, epoch=epoch)
+            self._saved_step = -1  # the final checkpoint must record the new epoch
+            if epochs is not None and int(epoch) >= epochs:
+                break
+        if int(self.model.global_step) == 0 and not self.stop_requested:
+            raise DataError(
+                f"data.train: no examples trained ({self.rows_read} rows read, "
+                f"{self.bad_rows} bad); nothing is exported"
+            )
         return self.finish(examples, time.perf_counter() - began, start)
+
+    def already_done(self, epoch: int) -> dict:
+        """The summary of a model dir whose run is complete: nothing trained, nothing exported."""
+        step = self.restore()
+        return {"steps": step, "epoch": epoch, "examples": 0, "already_done": True}
+
+    def train_files(self) -> list[str] | None:
+        """The training files (None for synthetic data)."""
+        if self.config.data.format == "synthetic":
+            return None
+        return data_lib.sources.expand(self.config.data.train, "data.train")
+
+    def steps_per_epoch(self, files: list[str] | None) -> int | None:
+        """Steps of one pass when cheap to know (synthetic rows, CSV up to 256 MB), else None."""
+        data = self.config.data
+        if files is None:
+            return -(-data.synthetic.rows // data.batch_size)
+        if data.format != "csv" or sum(os.path.getsize(f) for f in files) > 256 << 20:
+            return None
+        rows = 0
+        for file in files:
+            with open(file, "rb") as f:
+                rows += sum(1 for line in f if line.strip()) - (1 if data.csv.header else 0)
+        return -(-max(rows, 0) // data.batch_size)
 
     def epoch_dataset(self, epoch: int):
         """One pass over the training data, shuffled differently each epoch."""
@@ -206,11 +267,23 @@ class Trainer:
         """Asks the loop to stop after the current step (signal handlers call this)."""
         self.stop_requested = True
 
-    def run_steps(self, iterator, target: int | None = None) -> int:
+    def run_steps(
+        self,
+        iterator,
+        target: int | None = None,
+        files: list[str] | None = None,
+        per_epoch: int | None = None,
+    ) -> int:
         """Trains on `iterator` until it ends, `target` steps, or a stop request.
 
         Runs the checkpoint, delta and export hooks on schedule; returns the
-        number of examples trained.
+        number of examples trained. `files` are the files the iterator reads
+        (named when too many rows are bad); `per_epoch` the steps of a whole
+        pass, for the progress bar.
+
+        Raises:
+            DataError: the bad rows of this pass exceed `data.max_bad_fraction`,
+                or the loss is not finite (nothing more is saved).
         """
         config, model = self.config, self.model
         if self._step_fn is None:
@@ -221,19 +294,34 @@ class Trainer:
             )
             self._writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
         step = start = int(model.global_step)
-        progbar = keras.utils.Progbar(target, verbose=self.verbose, stateful_metrics=["loss"])
+        progbar = keras.utils.Progbar(
+            target or per_epoch, verbose=self.verbose, stateful_metrics=["loss"]
+        )
         every = config.train.checkpoint_every_steps
         export_every = config.export.every_steps
         delta_every = config.export.delta_every_steps
-        examples = 0
+        examples = bad = 0
+        sample = 10 * config.data.batch_size  # rows read before the bad fraction is judged
         while (target is None or step < target) and not self.stop_requested:
             try:
                 batch = next(iterator)
             except StopIteration:
                 break
+            features, labels, batch_bad = batch
+            size = int(tf.shape(labels[config.labels[0]])[0])
+            bad += int(batch_bad)
+            self.nonfinite_values += int(features[NONFINITE])
+            self.truncated_rows += int(features[TRUNCATED])
+            if examples + bad >= sample:
+                self._check_bad(examples, bad, files)
+            if size == 0:  # every row of the batch was bad: no step
+                model.bad_records.assign_add(int(batch_bad))
+                continue
             loss = float(self._step_fn(batch)["loss"])
             step += 1
-            examples += int(tf.shape(batch[1][config.labels[0]])[0])
+            examples += size
+            if not np.isfinite(loss):
+                raise DataError(f"step {step}: the loss is {loss}; {_out_of_range(config, batch)}")
             progbar.update(step if target else step - start, [("loss", loss)])
             if step % config.train.log_every_steps == 0:
                 with self._writer.as_default(step=step):
@@ -244,7 +332,22 @@ class Trainer:
                 self.write_delta()
             if export_every and step % export_every == 0:
                 self.export()
+        self.rows_read += examples + bad
+        self.bad_rows += bad
+        self._check_bad(examples, bad, files)
         return examples
+
+    def _check_bad(self, examples: int, bad: int, files: list[str] | None) -> None:
+        """Raises DataError when the bad rows exceed `data.max_bad_fraction` of the rows read."""
+        limit = self.config.data.max_bad_fraction
+        read = examples + bad
+        if not bad or bad <= limit * read:
+            return
+        first = data_lib.pipeline.first_bad_record(self.config, files) if files else None
+        raise DataError(
+            f"{bad} of {read} rows read are bad ({bad / read:.1%}, above data.max_bad_fraction "
+            f"{limit:g})" + (f"; first: {first}" if first else "")
+        )
 
     def finish(self, examples: int, elapsed: float, start_step: int) -> dict:
         """Final checkpoint (with eviction) unless one was just written; a summary."""
@@ -348,10 +451,18 @@ class Trainer:
         only when `data.eval` is set.
         """
         summary = (train or self.fit)()
+        if summary.get("already_done"):
+            return summary
         evaluate = train is None or self.config.data.eval
         result = self.evaluate() if evaluate else {"eval_bad_records": 0}
         result.update(summary)
-        result["bad_records"] = int(self.model.bad_records) + result.pop("eval_bad_records")
+        eval_bad = result.pop("eval_bad_records")  # rows of the training files count once
+        result["bad_records"] = int(self.model.bad_records) + (
+            eval_bad if result.get("eval_split") == "eval" else 0
+        )
+        result["examples_read"] = self.rows_read
+        result["nonfinite_values"] = self.nonfinite_values
+        result["truncated_rows"] = self.truncated_rows
         if self.config.data.format == "synthetic" and self.config.task.type != "retrieval":
             oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
             result["oracle_auc"] = round(float(oracle), 6)
@@ -359,7 +470,31 @@ class Trainer:
         writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
         with writer.as_default(step=result["steps"]):
             for key, value in result.items():
-                if isinstance(value, float):
+                if isinstance(value, float) and np.isfinite(value):
                     tf.summary.scalar("eval/" + key, value)
         write_json(os.path.join(self.model_dir, "metrics.json"), result)
         return result
+
+
+def _name(files: list[str] | None) -> str:
+    if not files:
+        return "the synthetic data"
+    return files[0] if len(files) == 1 else f"{len(files)} files"
+
+
+def _out_of_range(config: Config, batch) -> str:
+    """Names the first input of a batch that is not finite or above 1e4 in magnitude."""
+    features, labels, _ = batch
+    inputs = [(f"feature '{f.name}'", features[f.name]) for f in config.numeric_features]
+    inputs += [(f"label '{label}'", labels[label]) for label in config.labels]
+    for who, value in inputs:
+        value = np.asarray(value, np.float64).reshape(-1)
+        finite = np.isfinite(value)
+        if not finite.all():
+            return f"first input out of range: {who} = {value[~finite][0]:g}"
+        if value.size and np.max(np.abs(value)) > 1e4:
+            return (
+                f"first input out of range: {who} reaches {np.max(np.abs(value)):g} "
+                "(after its normalizer); add or fix its normalizer"
+            )
+    return "no input is out of range; lower the learning rates"

@@ -1,0 +1,56 @@
+"""`recflow predict` reads a file as training read it (delimiter, header, columns,
+`column:`), and stderr carries only recflow's own lines."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import tensorflow as tf
+import yaml
+
+from recflow.cli import main
+from recflow.export.predict import predict_file
+
+
+def test_predict_uses_the_training_csv_settings(tmp_path, capsys):
+    rows = [f"{i};u{i % 3};{i * 0.5};{i % 2}" for i in range(8)]  # no header, ';'
+    data = tmp_path / "d.txt"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    raw = {
+        "data": {
+            "format": "csv", "train": str(data), "label": "y", "batch_size": 4, "shuffle": False,
+            "csv": {"delimiter": ";", "header": False, "columns": ["id", "user", "price", "y"]},
+        },
+        "features": [
+            {"name": "who", "column": "user", "kind": "categorical"},
+            {"name": "price", "kind": "numeric", "normalizer": {"type": "log1p"}},
+        ],
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
+    }  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    assert main(["train", str(config), "--quiet"]) == 0
+    export = str(tmp_path / "run" / "export" / "1")
+    got = np.array([float(v) for v in predict_file(export, str(data))])
+    serve = tf.saved_model.load(export).signatures["serving_default"]
+    expected = serve(
+        who=tf.constant([f"u{i % 3}" for i in range(8)]),
+        price=tf.constant([i * 0.5 for i in range(8)], tf.float32),
+    )["probability"].numpy().reshape(-1)
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+
+
+def test_stderr_is_clean_when_tensorflow_loads(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("RECFLOW_DEBUG", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "data", "synth", "--out", str(tmp_path), "--rows", "5"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
