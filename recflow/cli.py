@@ -7,8 +7,11 @@ user mistake costs no wait and prints one line: `recflow: <what>` (exit 2).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import re
 import sys
 import traceback
 from typing import NoReturn
@@ -106,6 +109,27 @@ def _trainer(config, verbose=0):
     return Trainer(config, verbose=verbose)
 
 
+def _writer(config, command: str):
+    """The model dir's writer lock (a context), after removing what killed writers left.
+
+    Parameter-server and worker tasks write nothing: they get a no-op context.
+    """
+    if config.distribute.strategy == "parameter_server":
+        from recflow.distribute.cluster import read_tf_config
+
+        if not read_tf_config().coordinates:
+            return contextlib.nullcontext()
+    from recflow.training import model_dir as model_dir_lib
+
+    @contextlib.contextmanager
+    def held():
+        with model_dir_lib.writer_lock(config.train.model_dir, command):
+            model_dir_lib.remove_stale_temps(config.train.model_dir)
+            yield
+
+    return held()
+
+
 def _require_checkpoint(trainer) -> None:
     step = trainer.restore()
     if step == 0:
@@ -129,6 +153,11 @@ def cmd_train(args) -> int:
 
     # A stream may start before its first file: with --follow, files are checked as they come.
     config = _load(args, check_data=not args.follow)
+    with _writer(config, "train"):
+        return _train(args, config, signal)
+
+
+def _train(args, config, signal) -> int:
     trainer = _trainer(config, verbose=0 if (args.quiet or args.follow) else 1)
     stop = lambda *_: trainer.request_stop()  # noqa: E731
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -170,27 +199,29 @@ def cmd_evaluate(args) -> int:
     from recflow.atomic import write_json
 
     config = _load(args)
-    trainer = _trainer(config)
-    _require_checkpoint(trainer)
-    result = trainer.evaluate()
-    result.pop("eval_bad_records", None)
-    result["steps"] = int(trainer.model.global_step)
-    path = os.path.join(trainer.model_dir, "metrics.json")
-    merged = {}
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            merged = json.load(f)
-    merged.update(result)
-    write_json(path, merged)
+    with _writer(config, "evaluate"):
+        trainer = _trainer(config)
+        _require_checkpoint(trainer)
+        result = trainer.evaluate()
+        result.pop("eval_bad_records", None)
+        result["steps"] = int(trainer.model.global_step)
+        path = os.path.join(trainer.model_dir, "metrics.json")
+        merged = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                merged = json.load(f)
+        merged.update(result)
+        write_json(path, merged)
     print(_format_metrics(result))
     return 0
 
 
 def cmd_export(args) -> int:
     config = _load(args)
-    trainer = _trainer(config)
-    _require_checkpoint(trainer)
-    print(trainer.write_delta() if args.delta else trainer.export())
+    with _writer(config, "export"):
+        trainer = _trainer(config)
+        _require_checkpoint(trainer)
+        print(trainer.write_delta() if args.delta else trainer.export())
     return 0
 
 
@@ -242,10 +273,46 @@ _COMMANDS = {
 }
 
 
+_TF_PATH = re.compile(r"([^\s;:'\"]*/[^\s;:'\"]+)")
+
+
+def _path_in(text: str) -> str | None:
+    """The first file path in a TF error message (TF errors carry no `filename`)."""
+    match = _TF_PATH.search(text)
+    return match.group(1).rstrip(".,") if match else None
+
+
+def _environment_error(exc: BaseException) -> str | None:
+    """A full disk, a file that vanished, a damaged file: one line naming the path."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = exc.filename or "the model dir"
+        return f"{where}: no space left on device (nothing half-written is kept; free space and rerun)"
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"{exc.filename}: no such file (removed while recflow ran?)"
+    if "tensorflow" not in sys.modules:
+        return None
+    import tensorflow as tf
+
+    if not isinstance(exc, tf.errors.OpError):
+        return None
+    text = exc.message or ""
+    path = _path_in(text) or "?"
+    if isinstance(exc, tf.errors.ResourceExhaustedError) and "space left" in text:
+        return f"{path}: no space left on device (nothing half-written is kept; free space and rerun)"
+    if isinstance(exc, tf.errors.NotFoundError) and "No such file" in text:
+        return f"{path}: no such file (removed while recflow ran?)"
+    if isinstance(exc, tf.errors.DataLossError):
+        return f"{path}: damaged file ({' '.join(text.split())[:160]})"
+    return None
+
+
 def _user_error(exc: BaseException) -> str | None:
     """The one-line message of a user mistake, or None for a bug."""
     if isinstance(exc, RecflowError):
         return str(exc)
+    message = _environment_error(exc)
+    if message is not None:
+        return message
     if "tensorflow" in sys.modules:
         import tensorflow as tf
 

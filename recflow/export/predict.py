@@ -17,7 +17,8 @@ from recflow.errors import DataError, RecflowError
 
 
 def _columns_csv(path: str, names: list[str]) -> dict[str, list[str]]:
-    with open(path, newline="", encoding="utf-8") as f:
+    # utf-8-sig: a byte-order mark (Excel's CSV) is not part of the first column name.
+    with open(path, newline="", encoding="utf-8-sig") as f:
         reader = csv.reader(f)
         header = [h.strip() for h in next(reader, [])]
         missing = [n for n in names if n not in header]
