@@ -246,9 +246,29 @@ def cmd_plan(args) -> int:
 def cmd_tables(args) -> int:
     from recflow.embedding.report import format_tables, table_stats
 
+    _check_newest_checkpoint(args.model_dir)
     stats = table_stats(args.model_dir)
     print(json.dumps({"tables": stats}, sort_keys=True) if args.json else format_tables(stats))
     return 0
+
+
+def _check_newest_checkpoint(model_dir: str) -> None:
+    """A reader's check: the checkpoint the index names must read back whole.
+
+    Readers repair nothing (the next writer does): a damaged one is a one-line error.
+    """
+    import tensorflow as tf
+
+    from recflow.training import model_dir as model_dir_lib
+
+    newest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    problem = model_dir_lib.verify_checkpoint(newest) if newest else None
+    if problem is not None:
+        files = ", ".join(model_dir_lib.checkpoint_files(newest))
+        raise RecflowError(
+            f"{files}: damaged checkpoint ({problem}); the next train, evaluate or export "
+            "falls back to the newest readable one"
+        )
 
 
 def cmd_data(args) -> int:
@@ -273,11 +293,12 @@ _COMMANDS = {
 }
 
 
-_TF_PATH = re.compile(r"([^\s;:'\"]*/[^\s;:'\"]+)")
+_TF_PATH = re.compile(r"(/[^\s;'\"]+|[\w.-]+/[^\s;'\"]+)")
 
 
 def _path_in(text: str) -> str | None:
     """The first file path in a TF error message (TF errors carry no `filename`)."""
+    text = re.sub(r"\{\{.*?\}\}", "", text)  # {{function_node ...device:CPU:0}}
     match = _TF_PATH.search(text)
     return match.group(1).rstrip(".,") if match else None
 

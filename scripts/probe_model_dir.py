@@ -232,6 +232,30 @@ def probe_vanished_file(w):
     return f"rc={p.returncode} {last(err)!r}"
 
 
+def probe_vanished_mid_run(w):
+    """The train file disappears after the second pass's file list is made."""
+    data = f"{w}/data"
+    subprocess.run(cli("data", "synth", "--out", data, "--rows", "300"), env=ENV, check=True,
+                   capture_output=True)
+    args = ["train", CONFIG, "--quiet", *small(f"{w}/md", "data.format=csv", f"data.train={data}/train.csv",
+                                             f"data.eval={data}/eval.csv", "train.epochs=2", "train.steps=null")]
+    code = f"""
+import os, sys
+from recflow.training.trainer import Trainer
+from recflow.cli import main
+original = Trainer.epoch_dataset
+def epoch_dataset(self, epoch):
+    ds = original(self, epoch)
+    if epoch == 1:
+        os.remove({data + "/train.csv"!r})
+    return ds
+Trainer.epoch_dataset = epoch_dataset
+sys.exit(main({args!r}))
+"""
+    p = subprocess.run([sys.executable, "-c", code], env=ENV, capture_output=True, text=True, timeout=600)
+    return f"rc={p.returncode} {last(p.stderr)!r}"
+
+
 def probe_stale_temps(w):
     md = f"{w}/stale"
     train(md, "train.checkpoint_every_steps=10", "export.every_steps=10", steps=10)
@@ -273,18 +297,19 @@ def probe_launch(w):
 
 def probe_alias_bomb(w):
     path = f"{w}/bomb.yaml"
+    levels = ["    a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"]
+    for i in range(1, 6):
+        levels.append(f"    a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]\n")
     text = open(CONFIG).read().replace(
-        "params: {dnn: {hidden_units: [64, 32], dropout: 0.0}}",
-        "params:\n    a: &a [x, x, x, x, x, x, x, x, x, x]\n"
-        + "".join(f"    {chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-                  f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
-                  f"*{chr(97 + i)}, *{chr(97 + i)}]\n" for i in range(7)),
+        "params: {dnn: {hidden_units: [64, 32], dropout: 0.0}}", "params:\n" + "".join(levels)
     )
     open(path, "w").write(text)
     t = time.time()
-    p = subprocess.run(["prlimit", "--as=6000000000", *cli("plan", path)], env=ENV,
-                       capture_output=True, text=True, timeout=300)
-    return f"rc={p.returncode} {last(p.stderr)!r} in {time.time() - t:.1f}s"
+    p = subprocess.run(["/usr/bin/time", "-f", "maxrss_kb=%M", *cli("train", path, "--quiet",
+                        *small(f"{w}/md", steps=2))], env=ENV, capture_output=True, text=True, timeout=600)
+    rss = [x for x in p.stderr.splitlines() if x.startswith("maxrss_kb=")]
+    err = "\n".join(x for x in p.stderr.splitlines() if not x.startswith("maxrss_kb="))
+    return f"rc={p.returncode} {last(err)!r} in {time.time() - t:.1f}s {rss}"
 
 
 def probe_export_config(w):

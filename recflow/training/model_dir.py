@@ -30,6 +30,7 @@ import re
 import shutil
 from collections.abc import Iterator
 
+from recflow.atomic import write_text
 from recflow.errors import RecflowError
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,12 @@ def verify_checkpoint(prefix: str) -> str | None:
     else:
         try:
             reader = tf.train.load_checkpoint(prefix)
-            for name in reader.get_variable_to_shape_map():
-                reader.get_tensor(name)
+            with tf.device("/cpu:0"):
+                for name, dtype in reader.get_variable_to_dtype_map().items():
+                    # RestoreV2 reads any dtype (the input position is a variant).
+                    tf.raw_ops.RestoreV2(
+                        prefix=prefix, tensor_names=[name], shape_and_slices=[""], dtypes=[dtype]
+                    )
         except Exception as e:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
             text = getattr(e, "message", None) or str(e)
             problem = " ".join(text.split())[:200]
@@ -228,9 +233,10 @@ def repair_checkpoints(checkpoint_dir: str, good: str | None) -> None:
         if os.path.exists(index) and state is None:
             logger.warning("%s: unreadable; rebuilt from %s", index,
                            ", ".join(os.path.basename(p) for p in present))
-        tf.compat.v1.train.update_checkpoint_state(
-            checkpoint_dir, good, all_model_checkpoint_paths=present, save_relative_paths=True
-        )
+        # The CheckpointState text proto, relative paths (what CheckpointManager writes).
+        lines = [f'model_checkpoint_path: "{os.path.basename(good)}"']
+        lines += [f'all_model_checkpoint_paths: "{os.path.basename(p)}"' for p in present]
+        write_text(index, "\n".join(lines) + "\n")
 
 
 def discard_failed_save(checkpoint_dir: str, step: int) -> None:
