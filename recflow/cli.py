@@ -80,6 +80,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_context: dict[str, str] = {}  # what an error without a path can name
+
+
 def _load(args, check_data: bool = True):
     from recflow.config import load_config
     from recflow.data import check_sources
@@ -88,6 +91,7 @@ def _load(args, check_data: bool = True):
     if args.model_dir:
         overrides.append(f"train.model_dir={json.dumps(args.model_dir)}")
     config = load_config(args.config, overrides)
+    _context["model_dir"] = config.train.model_dir
     if check_data:
         check_sources(config)
     return config
@@ -300,13 +304,16 @@ def _path_in(text: str) -> str | None:
     """The first file path in a TF error message (TF errors carry no `filename`)."""
     text = re.sub(r"\{\{.*?\}\}", "", text)  # {{function_node ...device:CPU:0}}
     match = _TF_PATH.search(text)
-    return match.group(1).rstrip(".,") if match else None
+    if not match:
+        return None
+    # A checkpoint's staging file (removed by now) stands for the checkpoint.
+    return re.sub(r"_temp/.*$", "", match.group(1).rstrip(".,"))
 
 
 def _environment_error(exc: BaseException) -> str | None:
     """A full disk, a file that vanished, a damaged file: one line naming the path."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = exc.filename or "the model dir"
+        where = exc.filename or _context.get("model_dir", "the model dir")
         return f"{where}: no space left on device (nothing half-written is kept; free space and rerun)"
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"{exc.filename}: no such file (removed while recflow ran?)"

@@ -184,6 +184,11 @@ def probe_export_during_run(w):
     train(md, *extra, steps=10)
     p = subprocess.Popen(cli("train", CONFIG, "--quiet", *small(md, *extra, steps=400)),
                          env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not glob.glob(f"{md}/export/.tmp-*") and not (
+        os.path.exists(f"{md}/.lock") and open(f"{md}/.lock").read().startswith(f"{p.pid} ")
+    ):
+        time.sleep(0.01)  # the trainer is running (and, with the fix, holds the lock)
     results = []
     for _ in range(4):
         rc, msg = run("export", CONFIG, *small(md, *extra, steps=400))

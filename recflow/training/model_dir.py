@@ -131,6 +131,7 @@ def checkpoint_files(prefix: str) -> list[str]:
 
 
 _verified: dict[tuple, str | None] = {}
+_warned: set[tuple] = set()
 
 
 def _fingerprint(prefix: str) -> tuple:
@@ -167,6 +168,8 @@ def verify_checkpoint(prefix: str) -> str | None:
                     )
         except Exception as e:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
             text = getattr(e, "message", None) or str(e)
+            text = re.sub(r"\{\{.*?\}\}", "", text)  # {{function_node ...}}
+            text = re.sub(r"\s*\[Op:\w+\]", "", text)
             problem = " ".join(text.split())[:200]
     _verified[key] = problem
     return problem
@@ -185,7 +188,8 @@ def readable_checkpoint(checkpoint_dir: str) -> str | None:
         prefix = os.path.join(checkpoint_dir, f"ckpt-{step}")
         problem = verify_checkpoint(prefix)
         if problem is None:
-            if damaged:
+            if damaged and (checkpoint_dir, tuple(damaged)) not in _warned:
+                _warned.add((checkpoint_dir, tuple(damaged)))
                 logger.warning(
                     "%s: damaged checkpoint(s) skipped, restoring %s instead: %s",
                     checkpoint_dir, os.path.basename(prefix), "; ".join(damaged),
