@@ -265,7 +265,13 @@ def _check_newest_checkpoint(model_dir: str) -> None:
 
     from recflow.training import model_dir as model_dir_lib
 
-    newest = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    newest = tf.train.latest_checkpoint(checkpoints)
+    if newest is None and model_dir_lib.checkpoint_steps(checkpoints):
+        raise RecflowError(
+            f"{checkpoints}/checkpoint: unreadable or missing index beside ckpt-* files; "
+            "the next train, evaluate or export rebuilds it"
+        )
     problem = model_dir_lib.verify_checkpoint(newest) if newest else None
     if problem is not None:
         files = ", ".join(model_dir_lib.checkpoint_files(newest))

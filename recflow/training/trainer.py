@@ -142,12 +142,19 @@ class Trainer:
             self._open()
         return int(self.model.global_step)
 
-    def save_checkpoint(self) -> str:
-        """Evicts stale rows, then writes a checkpoint of everything."""
+    def evict(self) -> None:
+        """Removes stale rows (eviction runs at every checkpoint)."""
         step = int(self.model.global_step)
         evicted = lifecycle.evict(self.model.embedding, step)
         if any(evicted.values()):
             logger.info("step %d: evicted %s", step, evicted)
+
+    def save_checkpoint(self, evict: bool = True) -> str:
+        """Evicts stale rows (unless `evict` is False: done already), then writes a
+        checkpoint of everything."""
+        step = int(self.model.global_step)
+        if evict:
+            self.evict()
         try:
             path = self._manager.save(checkpoint_number=step)
         except BaseException:
@@ -266,16 +273,20 @@ class Trainer:
         return examples
 
     def run_hooks(self, step: int) -> None:
-        """The scheduled writes after `step`: delta, then checkpoint (which records
-        the delta's step), then export."""
+        """The scheduled writes after `step`: eviction (with a checkpoint), the delta
+        (of the rows that survived), the checkpoint (which records the delta's step,
+        so a resume from it continues the delta chain exactly), the export."""
         config = self.config
         delta_every = config.export.delta_every_steps
         every = config.train.checkpoint_every_steps
         export_every = config.export.every_steps
+        checkpoint = bool(every) and step % every == 0
+        if checkpoint:
+            self.evict()
         if delta_every and step % delta_every == 0:
             self.write_delta()
-        if every and step % every == 0:
-            self.save_checkpoint()
+        if checkpoint:
+            self.save_checkpoint(evict=False)
         if export_every and step % export_every == 0:
             self.export()
 
