@@ -273,31 +273,57 @@ def probe_stale_temps(w):
     return f"left after next start: {left}"
 
 
+def _listening(pid):
+    """{port: local address} of LISTEN sockets in the network namespace of `pid`."""
+    out = {}
+    for table in ("tcp", "tcp6"):
+        try:
+            lines = open(f"/proc/{pid}/net/{table}").read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if f[3] == "0A":
+                addr, port = f[1].rsplit(":", 1)
+                out[int(port, 16)] = "any" if set(addr) == {"0"} else addr
+    return out
+
+
 def probe_launch(w):
+    import socket
+
     md = f"{w}/launch"
     args = ["launch", CONFIG, "--ps", "1", "--workers", "1", *small(md, steps=100000)]
-    p = subprocess.Popen(cli(*args), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(cli(*args), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
-    pids = []
-    listen = ""
-    while time.time() < deadline:
-        time.sleep(1)
+    ports = {}
+    while time.time() < deadline and p.poll() is None:
+        time.sleep(0.5)
         if not os.path.exists(f"{md}/cluster.json"):
             continue
-        pids = [t["pid"] for t in json.load(open(f"{md}/cluster.json"))["tasks"] if t["pid"]]
-        ss = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout
-        mine = [line.split()[3] for line in ss.splitlines() if any(f"pid={q}," in line for q in pids)]
-        if len(mine) >= 2 and glob.glob(f"{md}/checkpoints/*") or len(mine) >= 3:
-            listen = sorted(set(mine))
+        tasks = json.load(open(f"{md}/cluster.json"))["tasks"]
+        ports = {t["pid"]: int(t["address"].rsplit(":", 1)[1]) for t in tasks if t["pid"]}
+        if len(ports) == 3 and all(port in _listening(pid) for pid, port in ports.items()):
             break
+    if p.poll() is not None:
+        return f"launcher exited {p.returncode}: {last(p.stderr.read())!r}"
+    bound = sorted({_listening(pid).get(port, "?") for pid, port in ports.items()})
+    ifaces = sorted({tuple(x.split(":")[0].strip() for x in open(f"/proc/{pid}/net/dev").read().splitlines()[2:])
+                     for pid in ports})
+    reachable = 0
+    for port in ports.values():
+        with socket.socket() as s:
+            s.settimeout(2)
+            reachable += s.connect_ex(("127.0.0.1", port)) == 0
     p.send_signal(signal.SIGKILL)
     p.wait()
     time.sleep(10)
-    alive = [q for q in pids if os.path.exists(f"/proc/{q}") and
-             open(f"/proc/{q}/stat").read().split()[2] != "Z"]
+    alive = [q for q in ports if os.path.exists(f"/proc/{q}") and open(f"/proc/{q}/stat").read().split()[2] != "Z"]
     for q in alive:
         os.kill(q, signal.SIGKILL)
-    return f"listening on {listen}; tasks alive 10 s after kill -9 of launcher: {len(alive)}/{len(pids)}"
+    return (f"servers bound to {bound} in a netns with interfaces {ifaces}; ports answering from the "
+            f"host netns: {reachable}/{len(ports)}; tasks alive 10 s after kill -9 of the launcher: "
+            f"{len(alive)}/{len(ports)}")
 
 
 def probe_alias_bomb(w):

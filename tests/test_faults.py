@@ -159,6 +159,7 @@ def test_garbage_checkpoint_index_is_rebuilt_not_a_restart_from_zero(tmp_path, c
     ckpts = two_checkpoints(capsys, model_dir)
     with open(f"{ckpts}/checkpoint", "w") as f:
         f.write("\x00garbage{{{\n")
+    run_error(capsys, ["tables", str(model_dir)], "checkpoints/checkpoint", "rebuilds it")
     run_ok(capsys, train_argv(model_dir, "train.checkpoint_every_steps=10", steps=30))
     assert trained_examples(model_dir) == 10 * BATCH  # resumed from ckpt-20
 
