@@ -93,13 +93,11 @@ def probe_export_order(w):
     rc, msg = train(md, *extra, steps=60)
     after = export_steps(md)
     if all(v is None for v in after.values()):  # no step recorded: infer from the schedule
-        k = len(before)
         new = [v for v in after if v not in before]
         steps = {v: 10 * (i + 1) for i, v in enumerate(sorted(before))}
         steps.update({v: min(10 * (i + 1), 60) for i, v in enumerate(sorted(new))})
         after = {v: f"~{s}" for v, s in steps.items()}
-        ordered = all(int(str(steps[a])) <= int(str(steps[b])) for a, b in zip(sorted(steps), sorted(steps)[1:]))
-        del k
+        ordered = all(steps[a] <= steps[b] for a, b in zip(sorted(steps), sorted(steps)[1:]))
     else:
         vs = sorted(after)
         ordered = all(after[a] <= after[b] for a, b in zip(vs, vs[1:])) and all(v == after[v] for v in vs)
@@ -168,14 +166,15 @@ def probe_two_writers(w):
     md = f"{w}/two"
     args = ["train", CONFIG, "--quiet", *small(md, "export.every_steps=20", "export.delta_every_steps=10", steps=150)]
     a = subprocess.Popen(cli(*args), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    b = subprocess.Popen(cli(*args[:-1], args[-1].replace("hidden_units: [8]", "hidden_units: [8]") ,
-                             "--set", "train.checkpoint_every_steps=77"),
+    b = subprocess.Popen(cli(*args, "--set", "train.checkpoint_every_steps=77"),
                          env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ea, eb = a.communicate()[1], b.communicate()[1]
     cfg = open(f"{md}/config.yaml").read()
     loser_cfg = "checkpoint_every_steps: 77" in cfg
+    winner_b = b.returncode == 0 and a.returncode != 0
     return (f"rc=({a.returncode},{b.returncode}) loser says {last(eb if b.returncode else ea)!r}; "
-            f"config.yaml has the second run's settings={loser_cfg}")
+            f"config.yaml holds the settings of run {'b' if loser_cfg else 'a'} "
+            f"(the {'winner' if loser_cfg == winner_b else 'loser'})")
 
 
 def probe_export_during_run(w):
