@@ -274,8 +274,12 @@ class Trainer:
 
     def run_hooks(self, step: int) -> None:
         """The scheduled writes after `step`: eviction (with a checkpoint), the delta
-        (of the rows that survived), the checkpoint (which records the delta's step,
-        so a resume from it continues the delta chain exactly), the export."""
+        (of the rows that survived) and the export, then the checkpoint.
+
+        The checkpoint comes last, so a kill anywhere before it is replayed from the
+        previous checkpoint and rewrites this step's delta and export; it records
+        the delta's step, so a resume from it continues the delta chain exactly.
+        """
         config = self.config
         delta_every = config.export.delta_every_steps
         every = config.train.checkpoint_every_steps
@@ -285,10 +289,10 @@ class Trainer:
             self.evict()
         if delta_every and step % delta_every == 0:
             self.write_delta()
-        if checkpoint:
-            self.save_checkpoint(evict=False)
         if export_every and step % export_every == 0:
             self.export()
+        if checkpoint:
+            self.save_checkpoint(evict=False)
 
     def finish(self, examples: int, elapsed: float, start_step: int) -> dict:
         """Final checkpoint (with eviction) unless one was just written; a summary."""
