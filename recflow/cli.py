@@ -310,16 +310,20 @@ def _path_in(text: str) -> str | None:
     """The first file path in a TF error message (TF errors carry no `filename`)."""
     text = re.sub(r"\{\{.*?\}\}", "", text)  # {{function_node ...device:CPU:0}}
     match = _TF_PATH.search(text)
-    if not match:
-        return None
-    # A checkpoint's staging file (removed by now) stands for the checkpoint.
-    return re.sub(r"_temp/.*$", "", match.group(1).rstrip(".,"))
+    return _shown_path(match.group(1).rstrip(".,")) if match else None
+
+
+def _shown_path(path: str) -> str:
+    """A staging path (removed by now) shown as what it stood for: `ckpt-N_temp/...`
+    as `ckpt-N`, `export/.tmp-x/...` as `export`."""
+    path = re.sub(r"_temp/.*$", "", path)
+    return re.sub(r"/\.tmp-[^/]*(/.*)?$", "", path)
 
 
 def _environment_error(exc: BaseException) -> str | None:
     """A full disk, a file that vanished, a damaged file: one line naming the path."""
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = exc.filename or _context.get("model_dir", "the model dir")
+        where = _shown_path(str(exc.filename)) if exc.filename else _context.get("model_dir", "the model dir")
         return f"{where}: no space left on device (nothing half-written is kept; free space and rerun)"
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"{exc.filename}: no such file (removed while recflow ran?)"
