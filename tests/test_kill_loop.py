@@ -32,7 +32,7 @@ pytestmark = pytest.mark.slow
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
 KILLS = int(os.environ.get("RECFLOW_KILLS", "20"))
 STEPS = 240
-CKPT, DELTA, EXPORT = 20, 5, 30
+CKPT, DELTA, EXPORT = 10, 5, 30
 
 
 def command(model_dir):
@@ -62,22 +62,29 @@ def newest(model_dir, pattern, regex_group=lambda p: p):
     return max(steps, default=0)
 
 
-def kill_target(rng, model_dir):
-    """A glob that appears at a random point ahead of the run's saved progress."""
+def kill_plan(rng, model_dir, kills_left):
+    """(target, guard): globs under the model dir; the run is killed when either appears.
+
+    `target` (None: a random moment, start-up and restore included) is a write at
+    a random step ahead. `guard` bounds the progress a kill lets through to one
+    checkpoint, and to none once the checkpoints left are barely more than the
+    kills left, so every schedule reaches KILLS kills before the run can finish.
+    """
     base = newest(model_dir, "checkpoints/ckpt-*.index")
-    kind = rng.choice(["delta", "checkpoint", "export", "checkpoint-temp", "export-temp", "start"])
-    ahead = base + rng.randint(1, 2 * CKPT + 5)
-    if kind == "delta":
-        return f"deltas/{-(-ahead // DELTA) * DELTA}"
-    if kind == "checkpoint":
-        return f"checkpoints/ckpt-{-(-ahead // CKPT) * CKPT}.index"
-    if kind == "export":
-        return f"export/{min(-(-ahead // EXPORT) * EXPORT, STEPS)}"
-    if kind == "checkpoint-temp":
-        return "checkpoints/ckpt-*_temp*"
-    if kind == "export-temp":
-        return "export/.tmp-*"
-    return None  # a random moment of start-up / restore
+    advance = (STEPS - base) // CKPT > kills_left + 1
+    kinds = ["delta", "export", "checkpoint-temp", "export-temp", "start"]
+    kind = rng.choice(kinds + (["checkpoint"] if advance else []))
+    ahead = base + rng.randint(1, CKPT + 4 if advance else CKPT - 1)
+    guard = f"checkpoints/ckpt-{base + CKPT}" + (".index" if advance else "_temp*")
+    target = {
+        "delta": f"deltas/{-(-ahead // DELTA) * DELTA}",
+        "checkpoint": f"checkpoints/ckpt-{-(-ahead // CKPT) * CKPT}.index",
+        "export": f"export/{-(-ahead // EXPORT) * EXPORT}",
+        "checkpoint-temp": "checkpoints/ckpt-*_temp*",
+        "export-temp": "export/.tmp-*",
+        "start": None,
+    }[kind]
+    return target, guard
 
 
 def table_rows(prefix):
@@ -132,12 +139,14 @@ def test_random_kill_9_loop_ends_with_an_uninterrupted_runs_state(tmp_path):
 
     kills, log = 0, []
     while kills < KILLS:
-        target = kill_target(rng, killed)
+        target, guard = kill_plan(rng, killed, KILLS - kills)
         proc = subprocess.Popen(command(killed), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         started = time.time()
         delay = rng.uniform(0.0, 6.0) if target is None else rng.uniform(0.0, 0.05)
         deadline = started + 300
         while proc.poll() is None and time.time() < deadline:
+            if glob.glob(os.path.join(killed, guard)):
+                break
             if target is None and time.time() - started >= delay:
                 break
             if target is not None and glob.glob(os.path.join(killed, target)):
