@@ -62,29 +62,29 @@ def newest(model_dir, pattern, regex_group=lambda p: p):
     return max(steps, default=0)
 
 
-def kill_plan(rng, model_dir, kills_left):
-    """(target, guard): globs under the model dir; the run is killed when either appears.
+def up(n, every):
+    return -(-n // every) * every
 
-    `target` (None: a random moment, start-up and restore included) is a write at
-    a random step ahead. `guard` bounds the progress a kill lets through to one
-    checkpoint, and to none once the checkpoints left are barely more than the
-    kills left, so every schedule reaches KILLS kills before the run can finish.
-    """
-    base = newest(model_dir, "checkpoints/ckpt-*.index")
-    advance = (STEPS - base) // CKPT > kills_left + 1
-    kinds = ["delta", "export", "checkpoint-temp", "export-temp", "start"]
-    kind = rng.choice(kinds + (["checkpoint"] if advance else []))
-    ahead = base + rng.randint(1, CKPT + 4 if advance else CKPT - 1)
-    guard = f"checkpoints/ckpt-{base + CKPT}" + (".index" if advance else "_temp*")
-    target = {
-        "delta": f"deltas/{-(-ahead // DELTA) * DELTA}",
-        "checkpoint": f"checkpoints/ckpt-{-(-ahead // CKPT) * CKPT}.index",
-        "export": f"export/{-(-ahead // EXPORT) * EXPORT}",
+
+def kill_plan(rng, k):
+    """(reached, trigger, delay) of kill `k`: once the run has reached a random step
+    of the k-th of KILLS equal slices of the run (`reached`, a delta dir), kill it
+    `delay` seconds after `trigger` appears (a glob: the next delta, checkpoint,
+    checkpoint staging, export or export staging), or after `delay` alone
+    (trigger None). reached None: a random moment of start-up or restore."""
+    step = int(STEPS * (k + rng.random()) / KILLS)
+    reached = f"deltas/{max(up(step, DELTA), DELTA)}"
+    kind = rng.choice(["delta", "checkpoint", "checkpoint-temp", "export", "export-temp", "after", "start"])
+    trigger = {
+        "delta": f"deltas/{up(step + 1, DELTA)}",
+        "checkpoint": f"checkpoints/ckpt-{up(step + 1, CKPT)}.index",
         "checkpoint-temp": "checkpoints/ckpt-*_temp*",
+        "export": f"export/{min(up(step + 1, EXPORT), STEPS)}",
         "export-temp": "export/.tmp-*",
-        "start": None,
-    }[kind]
-    return target, guard
+    }.get(kind)
+    if kind == "start":
+        return None, None, rng.uniform(0.0, 6.0)
+    return reached, trigger, rng.uniform(0.0, 0.5 if trigger is None else 0.05)
 
 
 def table_rows(prefix):
@@ -139,17 +139,16 @@ def test_random_kill_9_loop_ends_with_an_uninterrupted_runs_state(tmp_path):
 
     kills, log = 0, []
     while kills < KILLS:
-        target, guard = kill_plan(rng, killed, KILLS - kills)
+        reached, trigger, delay = kill_plan(rng, kills)
         proc = subprocess.Popen(command(killed), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        started = time.time()
-        delay = rng.uniform(0.0, 6.0) if target is None else rng.uniform(0.0, 0.05)
-        deadline = started + 300
+        armed = time.time() if reached is None else None
+        deadline = time.time() + 300
         while proc.poll() is None and time.time() < deadline:
-            if glob.glob(os.path.join(killed, guard)):
+            if armed is None and glob.glob(os.path.join(killed, reached)):
+                armed = time.time()
+            if armed is not None and trigger is None and time.time() - armed >= delay:
                 break
-            if target is None and time.time() - started >= delay:
-                break
-            if target is not None and glob.glob(os.path.join(killed, target)):
+            if armed is not None and trigger is not None and glob.glob(os.path.join(killed, trigger)):
                 time.sleep(delay)
                 break
             time.sleep(0.002)
@@ -160,7 +159,7 @@ def test_random_kill_9_loop_ends_with_an_uninterrupted_runs_state(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
-        log.append((target, newest(killed, "checkpoints/ckpt-*.index")))
+        log.append((reached, trigger, newest(killed, "checkpoints/ckpt-*.index")))
     else:
         final = subprocess.run(command(killed), env=ENV, capture_output=True, text=True)
         assert final.returncode == 0, final.stderr[-3000:]
