@@ -1,4 +1,10 @@
-"""Atomic writes: a crash never leaves a half-written file or directory."""
+"""Atomic writes: a crash never leaves a half-written file or directory.
+
+Files are written to a temp name beside their destination, flushed to disk,
+then renamed into place; a failure (a full disk included) removes the temp.
+Temps of a killed process are removed at the next start of a writer
+(`recflow.training.model_dir.remove_stale_temps`).
+"""
 
 from __future__ import annotations
 
@@ -21,22 +27,26 @@ def strict(value):
     return value
 
 
-def write_json(path: str, value) -> None:
-    """Writes strict JSON (NaN and inf become null) to a temp file beside `path`,
-    then renames it into place."""
-    value = strict(value)
+def write_text(path: str, text: str) -> None:
+    """Writes `text` to a temp file beside `path`, then renames it into place."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=2, sort_keys=True, allow_nan=False)
-            f.write("\n")
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def write_json(path: str, value) -> None:
+    """Writes strict JSON (NaN and inf become null) atomically (see `write_text`)."""
+    write_text(path, json.dumps(strict(value), indent=2, sort_keys=True, allow_nan=False) + "\n")
 
 
 @contextlib.contextmanager

@@ -9,8 +9,11 @@ hidden unless RECFLOW_DEBUG=1.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import re
 import sys
 import traceback
 from typing import NoReturn
@@ -115,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+_context: dict[str, str] = {}  # what an error without a path can name
+
+
 def _load(args, check_data: bool = True):
     from recflow.config import load_config
     from recflow.data import check_sources
@@ -123,6 +129,7 @@ def _load(args, check_data: bool = True):
     if args.model_dir:
         overrides.append(f"train.model_dir={json.dumps(args.model_dir)}")
     config = load_config(args.config, overrides)
+    _context["model_dir"] = config.train.model_dir
     if check_data:
         check_sources(config)
     import_tensorflow()
@@ -143,6 +150,27 @@ def _trainer(config, verbose=0):
     from recflow.training.trainer import Trainer
 
     return Trainer(config, verbose=verbose)
+
+
+def _writer(config, command: str):
+    """The model dir's writer lock (a context), after removing what killed writers left.
+
+    Parameter-server and worker tasks write nothing: they get a no-op context.
+    """
+    if config.distribute.strategy == "parameter_server":
+        from recflow.distribute.cluster import read_tf_config
+
+        if not read_tf_config().coordinates:
+            return contextlib.nullcontext()
+    from recflow.training import model_dir as model_dir_lib
+
+    @contextlib.contextmanager
+    def held():
+        with model_dir_lib.writer_lock(config.train.model_dir, command):
+            model_dir_lib.remove_stale_temps(config.train.model_dir)
+            yield
+
+    return held()
 
 
 def _require_checkpoint(trainer) -> None:
@@ -179,6 +207,11 @@ def cmd_train(args) -> int:
 
     # A stream may start before its first file: with --follow, files are checked as they come.
     config = _load(args, check_data=not args.follow)
+    with _writer(config, "train"):
+        return _train(args, config, signal)
+
+
+def _train(args, config, signal) -> int:
     trainer = _trainer(config, verbose=0 if (args.quiet or args.follow) else 1)
     stop = lambda *_: trainer.request_stop()  # noqa: E731
     previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -227,27 +260,29 @@ def cmd_evaluate(args) -> int:
     from recflow.atomic import write_json
 
     config = _load(args)
-    trainer = _trainer(config)
-    _require_checkpoint(trainer)
-    result = trainer.evaluate()
-    result.pop("eval_bad_records", None)
-    result["steps"] = int(trainer.model.global_step)
-    path = os.path.join(trainer.model_dir, "metrics.json")
-    merged = {}
-    if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            merged = json.load(f)
-    merged.update(result)
-    write_json(path, merged)
+    with _writer(config, "evaluate"):
+        trainer = _trainer(config)
+        _require_checkpoint(trainer)
+        result = trainer.evaluate()
+        result.pop("eval_bad_records", None)
+        result["steps"] = int(trainer.model.global_step)
+        path = os.path.join(trainer.model_dir, "metrics.json")
+        merged = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                merged = json.load(f)
+        merged.update(result)
+        write_json(path, merged)
     print(_format_metrics(result))
     return 0
 
 
 def cmd_export(args) -> int:
     config = _load(args)
-    trainer = _trainer(config)
-    _require_checkpoint(trainer)
-    print(trainer.write_delta() if args.delta else trainer.export())
+    with _writer(config, "export"):
+        trainer = _trainer(config)
+        _require_checkpoint(trainer)
+        print(trainer.write_delta() if args.delta else trainer.export())
     return 0
 
 
@@ -274,9 +309,35 @@ def cmd_tables(args) -> int:
     import_tensorflow()
     from recflow.embedding.report import format_tables, table_stats
 
+    _check_newest_checkpoint(args.model_dir)
     stats = table_stats(args.model_dir)
     print(json.dumps({"tables": stats}, sort_keys=True) if args.json else format_tables(stats))
     return 0
+
+
+def _check_newest_checkpoint(model_dir: str) -> None:
+    """A reader's check: the checkpoint the index names must read back whole.
+
+    Readers repair nothing (the next writer does): a damaged one is a one-line error.
+    """
+    import tensorflow as tf
+
+    from recflow.training import model_dir as model_dir_lib
+
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    newest = tf.train.latest_checkpoint(checkpoints)
+    if newest is None and model_dir_lib.checkpoint_steps(checkpoints):
+        raise RecflowError(
+            f"{checkpoints}/checkpoint: unreadable or missing index beside ckpt-* files; "
+            "the next train, evaluate or export rebuilds it"
+        )
+    problem = model_dir_lib.verify_checkpoint(newest) if newest else None
+    if problem is not None:
+        files = ", ".join(model_dir_lib.checkpoint_files(newest))
+        raise RecflowError(
+            f"{files}: damaged checkpoint ({problem}); the next train, evaluate or export "
+            "falls back to the newest readable one"
+        )
 
 
 def cmd_data(args) -> int:
@@ -320,10 +381,54 @@ _COMMANDS = {
 }
 
 
+_TF_PATH = re.compile(r"(/[^\s;'\"]+|[\w.-]+/[^\s;'\"]+)")
+
+
+def _path_in(text: str) -> str | None:
+    """The first file path in a TF error message (TF errors carry no `filename`)."""
+    text = re.sub(r"\{\{.*?\}\}", "", text)  # {{function_node ...device:CPU:0}}
+    match = _TF_PATH.search(text)
+    return _shown_path(match.group(1).rstrip(".,")) if match else None
+
+
+def _shown_path(path: str) -> str:
+    """A staging path (removed by now) shown as what it stood for: `ckpt-N_temp/...`
+    as `ckpt-N`, `export/.tmp-x/...` as `export`."""
+    path = re.sub(r"_temp/.*$", "", path)
+    return re.sub(r"/\.tmp-[^/]*(/.*)?$", "", path)
+
+
+def _environment_error(exc: BaseException) -> str | None:
+    """A full disk, a file that vanished, a damaged file: one line naming the path."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = _shown_path(str(exc.filename)) if exc.filename else _context.get("model_dir", "the model dir")
+        return f"{where}: no space left on device (nothing half-written is kept; free space and rerun)"
+    if isinstance(exc, FileNotFoundError) and exc.filename:
+        return f"{exc.filename}: no such file (removed while recflow ran?)"
+    if "tensorflow" not in sys.modules:
+        return None
+    import tensorflow as tf
+
+    if not isinstance(exc, tf.errors.OpError):
+        return None
+    text = exc.message or ""
+    path = _path_in(text) or "?"
+    if isinstance(exc, tf.errors.ResourceExhaustedError) and "space left" in text:
+        return f"{path}: no space left on device (nothing half-written is kept; free space and rerun)"
+    if isinstance(exc, tf.errors.NotFoundError) and "No such file" in text:
+        return f"{path}: no such file (removed while recflow ran?)"
+    if isinstance(exc, tf.errors.DataLossError):
+        return f"{path}: damaged file ({' '.join(text.split())[:160]})"
+    return None
+
+
 def _user_error(exc: BaseException) -> str | None:
     """The one-line message of a user mistake, or None for a bug."""
     if isinstance(exc, RecflowError):
         return str(exc)
+    message = _environment_error(exc)
+    if message is not None:
+        return message
     if "tensorflow" in sys.modules:
         import tensorflow as tf
 

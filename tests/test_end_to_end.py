@@ -46,7 +46,7 @@ def test_model_dir_layout(trained):
     assert os.listdir(trained / "logs")
     checkpoints = sorted(p.name for p in (trained / "checkpoints").iterdir())
     assert "ckpt-12.index" in checkpoints and "ckpt-10.index" in checkpoints
-    assert sorted(os.listdir(trained / "export")) == ["1"]
+    assert sorted(os.listdir(trained / "export")) == ["12"]  # the version is the step
     assert not [p for p in os.listdir(trained / "export") if p.startswith(".tmp")]
 
 
@@ -86,7 +86,7 @@ def test_export_serves_in_plain_tensorflow_and_matches(trained, tmp_path):
     np.savez(tmp_path / "inputs.npz", **raw)
     script = tmp_path / "serve.py"
     script.write_text(SERVE_WITHOUT_RECFLOW)
-    export_dir = trained / "export" / "1"
+    export_dir = trained / "export" / "12"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     subprocess.run(
         [sys.executable, str(script), str(export_dir), str(tmp_path / "inputs.npz"), str(tmp_path / "out.npy")],
@@ -128,14 +128,14 @@ def test_resume_continues_to_the_total(trained, tmp_path):
     assert metrics["steps"] == 20
     # Only steps 9..20 ran: 4000 rows make 15 full batches and one of 160 (step 16).
     assert metrics["examples"] == 11 * 256 + (4000 - 15 * 256)
-    assert sorted(os.listdir(model_dir / "export")) == ["1", "2"]
+    assert sorted(os.listdir(model_dir / "export"), key=int) == ["8", "20"]
 
 
 def test_evaluate_and_export_commands(trained):
     args = ["--model-dir", str(trained)] + [a for s in SMALL for a in ("--set", s)]
     assert main(["evaluate", "configs/deepfm_demo.yaml", *args]) == 0
     assert main(["export", "configs/deepfm_demo.yaml", *args]) == 0
-    assert sorted(os.listdir(trained / "export")) == ["1", "2"]
+    assert sorted(os.listdir(trained / "export")) == ["12"]  # the same step: replaced
 
 
 def test_regression_task_exports_prediction(tmp_path):
@@ -145,7 +145,7 @@ def test_regression_task_exports_prediction(tmp_path):
     assert {"mse", "mae"} <= set(metrics) and "auc" not in metrics
     import tensorflow as tf
 
-    serve = tf.saved_model.load(str(model_dir / "export" / "1")).signatures["serving_default"]
+    serve = tf.saved_model.load(str(model_dir / "export" / "4")).signatures["serving_default"]
     assert list(serve.structured_outputs) == ["prediction"]
 
 

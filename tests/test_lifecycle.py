@@ -161,7 +161,7 @@ def test_max_keys_keeps_the_most_frequent(tmp_path, capsys):
     stats = tables_json(model_dir, capsys)
     assert stats["i"]["keys"] == 6
     assert stats["u"]["keys"] == len(set(rows["user"]))
-    assert os.listdir(model_dir / "export") == ["3"]  # versions 1 (step 4), 2 (step 8), 3 (final); keep 1
+    assert os.listdir(model_dir / "export") == ["8"]  # versions are steps: 4, then 8 (the final export replaces it); keep 1
     # Which items survived: a delta since step 0 lists every row, keyed by the id of the string.
     assert main(["export", str(model_dir / "config.yaml"), "--delta"]) == 0
     keys, _ = load_delta(model_dir, 8, "i")

@@ -92,7 +92,7 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
     assert rows["item"].count.min() >= 2  # admitted keys only
 
     # The export serves in plain TensorFlow.
-    export = model_dir / "export" / "1"
+    export = model_dir / "export" / str(STEPS)
     script = (
         "import sys; sys.modules['recflow'] = None\n"
         "import tensorflow as tf, numpy as np\n"

@@ -246,7 +246,7 @@ def test_export_serves_both_towers_without_recflow(trained, tmp_path):
     script.write_text(SERVE_WITHOUT_RECFLOW)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     out = tmp_path / "out.npz"
-    export_dir = trained / "export" / "1"
+    export_dir = trained / "export" / "60"
     subprocess.run(
         [sys.executable, str(script), str(export_dir), str(tmp_path / "inputs.npz"), str(out)],
         check=True, env=env, cwd=tmp_path,

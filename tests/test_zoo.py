@@ -59,7 +59,7 @@ def test_model_trains_from_its_config(name, steps, tmp_path):
     assert result["steps"] == steps
     assert result["auc"] > 0.6, result
     assert result["auc"] < result["oracle_auc"] + 0.02, result
-    assert (tmp_path / name / "export" / "1" / "saved_model.pb").is_file()
+    assert (tmp_path / name / "export" / str(steps) / "saved_model.pb").is_file()
 
 
 def test_mmoe_trains_from_its_config(tmp_path):

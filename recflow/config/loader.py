@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from typing import Any
 
 import yaml
 
+from recflow.atomic import write_text
 from recflow.config.convert import from_dict, to_dict
 from recflow.config.schema import Config, SequenceFeature
 from recflow.errors import ConfigError, RecflowError
@@ -19,7 +19,9 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise RecflowError(f"--set {text}: expected KEY=VALUE with a dotted KEY, e.g. train.steps=100")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = safe_load(raw) if raw.strip() else ""
+    except NodeLimitError as e:
+        raise RecflowError(f"--set {text}: {e}") from None
     except yaml.YAMLError as e:
         raise RecflowError(f"--set {text}: value is not valid YAML ({_first_line(e)})") from None
     return key.split("."), value
@@ -72,6 +74,67 @@ def _index(node: list, key: str, text: str) -> int:
     raise RecflowError(f"--set {text}: no list item {key!r}")
 
 
+MAX_NODES = 100_000  # YAML nodes after alias expansion; a real config has a few hundred
+
+
+class NodeLimitError(ValueError):
+    """A YAML document too large once aliases are expanded (an alias bomb) or recursive."""
+
+
+def _expanded_size(root: yaml.Node, limit: int) -> int:
+    """The node count of `root` with every alias expanded, stopping past `limit`.
+
+    Sizes are memoized per node, so the walk costs the document's own size even
+    when expansion would be exponential.
+    """
+    sizes: dict[int, int] = {}
+    active: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if key in sizes:
+            continue
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            sizes[key] = 1
+            continue
+        if children_done:
+            active.discard(key)
+            size = 1 + sum(sizes[id(c)] for c in children)
+            if size > limit:
+                raise NodeLimitError(f"more than {limit} YAML nodes once aliases are expanded")
+            sizes[key] = size
+            continue
+        if key in active:
+            raise NodeLimitError("a YAML alias refers to a node that contains it")
+        active.add(key)
+        stack.append((node, True))
+        for child in children:
+            if id(child) in active:
+                raise NodeLimitError("a YAML alias refers to a node that contains it")
+            if id(child) not in sizes:
+                stack.append((child, False))
+    return sizes[id(root)]
+
+
+def safe_load(text: str, limit: int = MAX_NODES):
+    """`yaml.safe_load`, refusing documents over `limit` nodes after alias expansion
+    before any Python object is built."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _expanded_size(node, limit)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def _first_line(error: Exception) -> str:
     return " ".join(str(error).split())
 
@@ -86,7 +149,11 @@ def read_yaml(path: str) -> dict:
     except UnicodeDecodeError as e:
         raise RecflowError(f"{path}: cannot read config (not UTF-8 text at byte {e.start})") from None
     try:
-        raw = yaml.safe_load(text)
+        raw = safe_load(text)
+    except NodeLimitError as e:
+        raise RecflowError(f"{path}: {e}") from None
+    except RecursionError:
+        raise RecflowError(f"{path}: YAML nested too deeply") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         line = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -171,8 +238,5 @@ def check_references(config: Config) -> None:
 
 
 def dump_config(config: Config, path: str) -> None:
-    """Writes the resolved config as YAML, atomically."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        yaml.safe_dump(to_dict(config), f, sort_keys=False)
-    os.replace(tmp, path)
+    """Writes the resolved config as YAML, atomically (no temp file is left on failure)."""
+    write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))

@@ -6,16 +6,28 @@ server started by `recflow train` with its own TF_CONFIG. The launcher writes
 supervises: a worker that dies is restarted (its steps run on the others in
 the meantime); a PS that dies is restarted together with the chief, which
 restores the last checkpoint and goes on. Every process it started is stopped
-on success, failure or Ctrl-C.
+on success, failure or Ctrl-C, and dies with the launcher even when the
+launcher is killed with -9 (`PR_SET_PDEATHSIG`).
+
+Privacy: TF's gRPC server always listens on every interface (0.0.0.0), and its
+RPCs are unauthenticated. So every task runs in one private network namespace
+that holds nothing but the loopback interface: the servers are reachable on
+127.0.0.1 from the other tasks and from nowhere else. Without namespaces (no
+root and no unprivileged user namespaces), `launch` refuses to start unless
+RECFLOW_LAUNCH_PUBLIC=1 is set.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import json
 import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -41,6 +53,119 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in sockets:
             s.close()
+
+
+_PR_SET_PDEATHSIG = 1
+_CLONE_NEWNET = 0x40000000
+_CLONE_NEWUSER = 0x10000000
+_SIOCGIFFLAGS, _SIOCSIFFLAGS, _IFF_UP = 0x8913, 0x8914, 0x1
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _die_with_parent(parent: int) -> None:
+    """In a child before exec: SIGKILL when the launcher dies (even by kill -9)."""
+    _check(_libc().prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl")
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
+
+
+def _loopback_up() -> None:
+    """Brings `lo` up in the current (new) network namespace."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifreq = struct.pack("16sH14x", b"lo", 0)
+        flags = struct.unpack("16sH14x", fcntl.ioctl(s, _SIOCGIFFLAGS, ifreq))[1]
+        fcntl.ioctl(s, _SIOCSIFFLAGS, struct.pack("16sH14x", b"lo", flags | _IFF_UP))
+
+
+def _new_private_network(uid: int, gid: int) -> None:
+    """In the namespace holder before exec: a new network namespace with only `lo`, up.
+
+    As root a network namespace alone; otherwise a user namespace (mapping this
+    user to root inside) around it.
+    """
+    libc = _libc()
+    if libc.unshare(_CLONE_NEWNET) != 0:
+        _check(libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET), "unshare")
+        with open("/proc/self/setgroups", "w") as f:
+            f.write("deny")
+        with open("/proc/self/uid_map", "w") as f:
+            f.write(f"0 {uid} 1")
+        with open("/proc/self/gid_map", "w") as f:
+            f.write(f"0 {gid} 1")
+    _loopback_up()
+
+
+class PrivateNetwork:
+    """One network namespace with only loopback, shared by every task of a cluster.
+
+    A short-lived holder process creates it; the launcher keeps file descriptors
+    to it (which keep it alive) and each task joins it before exec.
+    """
+
+    def __init__(self):
+        parent = os.getpid()
+        uid, gid = os.getuid(), os.getgid()
+
+        def setup():
+            _die_with_parent(parent)
+            _new_private_network(uid, gid)
+
+        holder = subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"],
+            stdin=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=setup,
+        )
+        try:
+            self.fds = []
+            for kind in ("user", "net"):
+                mine = os.stat(f"/proc/self/ns/{kind}").st_ino
+                theirs = os.stat(f"/proc/{holder.pid}/ns/{kind}").st_ino
+                if kind == "net" or theirs != mine:  # join a new user ns only if one was made
+                    self.fds.append(os.open(f"/proc/{holder.pid}/ns/{kind}", os.O_RDONLY))
+        finally:
+            holder.stdin.close()
+            holder.wait()
+
+    def join(self) -> None:
+        """In a child before exec: enter the namespace(s)."""
+        libc = _libc()
+        for fd in self.fds:
+            _check(libc.setns(fd, 0), "setns")
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds = []
+
+
+def private_network() -> PrivateNetwork | None:
+    """The cluster's private network, or None when RECFLOW_LAUNCH_PUBLIC=1.
+
+    Raises:
+        RecflowError: namespaces are not available here.
+    """
+    if os.environ.get("RECFLOW_LAUNCH_PUBLIC") == "1":
+        logger.warning("RECFLOW_LAUNCH_PUBLIC=1: the cluster's gRPC servers listen on every interface")
+        return None
+    try:
+        return PrivateNetwork()
+    except (OSError, subprocess.SubprocessError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        if isinstance(e, OSError) and e.errno in (errno.EPERM, errno.EACCES):
+            reason = "not permitted (needs root or unprivileged user namespaces)"
+        raise RecflowError(
+            "launch: cannot give the cluster a private network namespace "
+            f"({reason}); TF's gRPC servers would listen on every interface, unauthenticated. "
+            "Set RECFLOW_LAUNCH_PUBLIC=1 to run them anyway on a trusted network"
+        ) from None
 
 
 @dataclass
@@ -80,6 +205,7 @@ class Cluster:
         self.spec = {
             job: [t.address for t in self.tasks if t.job == job] for job in ("chief", "worker", "ps")
         }
+        self.network: PrivateNetwork | None = None
 
     def _env(self, task: Task) -> dict:
         tf_config = {"cluster": self.spec, "task": {"type": task.job, "index": task.index}}
@@ -97,8 +223,16 @@ class Cluster:
             task.log = open(os.path.join(logs, f"{task.name}.log"), "ab")  # noqa: SIM115
         command = [sys.executable, "-m", "recflow.cli", "train", *self.train_args, "--quiet"]
         command += ["--set", "distribute.strategy=parameter_server"]
+        parent, network = os.getpid(), self.network
+
+        def before_exec():
+            _die_with_parent(parent)
+            if network is not None:
+                network.join()
+
         task.process = subprocess.Popen(
-            command, env=self._env(task), stdout=task.log, stderr=subprocess.STDOUT
+            command, env=self._env(task), stdout=task.log, stderr=subprocess.STDOUT,
+            preexec_fn=before_exec,
         )
         self.write_manifest()
 
@@ -130,6 +264,9 @@ class Cluster:
             if t.log is not None:
                 t.log.close()
                 t.log = None
+        if self.network is not None:
+            self.network.close()
+            self.network = None
 
     def _restart(self, task: Task, why: str) -> None:
         task.restarts += 1
@@ -141,6 +278,7 @@ class Cluster:
 
     def run(self, poll_seconds: float = 0.2) -> int:
         """Starts the cluster and supervises it until the chief finishes; returns its exit code."""
+        self.network = private_network()
         try:
             for task in sorted(self.tasks, key=lambda t: t.job != "ps"):  # servers first
                 self.start(task)

@@ -99,12 +99,7 @@ class PSTrainer(Trainer):
             loss = float(result.fetch()["loss"])
             if self.verbose:
                 print(f"step {step}/{target}  loss {loss:.4f}", flush=True)
-            if config.train.checkpoint_every_steps and step % config.train.checkpoint_every_steps == 0:
-                self.save_checkpoint()
-            if config.export.delta_every_steps and step % config.export.delta_every_steps == 0:
-                self.write_delta()
-            if config.export.every_steps and step % config.export.every_steps == 0:
-                self.export()
+            self.run_hooks(step)
         elapsed = time.perf_counter() - began
         examples = (step - start) * config.data.batch_size  # full batches on an endless stream
         return self.finish(examples, elapsed, start)

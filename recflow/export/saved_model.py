@@ -5,6 +5,13 @@ splitting, normalization and the table lookups in the graph. The export holds
 embedding rows only (no optimizer slots, no metadata) in core `DenseHashTable`s,
 so it loads with `tf.saved_model.load` in a process without recflow.
 
+The version is the global step of the exported model, so versions are ordered
+by training progress (TF Serving serves the highest): a restart that replays
+steps rewrites the same versions, never an older model under a higher one.
+`assets.extra/manifest.json` and the module's `global_step` record the step;
+`assets.extra/recflow_config.yaml` holds the config without the model dir and
+with data paths cut to their file names.
+
 A retrieval model (`RetrievalModel`) exports two signatures instead, each over
 its own side's raw columns: `query` -> {"embedding": [B, d]} and `candidate`
 -> {"embedding": [B, d]}; `serving_default` is the `query` signature.
@@ -17,9 +24,10 @@ import re
 import shutil
 
 import tensorflow as tf
+import yaml
 
-from recflow.atomic import staged_dir
-from recflow.config.loader import dump_config
+from recflow.atomic import staged_dir, write_json
+from recflow.config.convert import to_dict
 from recflow.embedding.table import segment_buckets
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY
 from recflow.features.transform import serving_dtype, transform
@@ -33,9 +41,10 @@ class ServingModule(tf.Module):
         model: the trained model; its dense weights are shared, its tables copied.
     """
 
-    def __init__(self, model: RankingModel):
+    def __init__(self, model: RankingModel, step: int = 0):
         super().__init__(name="recflow_serving")
         config = model.config
+        self.global_step = tf.Variable(step, dtype=tf.int64, trainable=False, name="global_step")
         engine = model.embedding
         self.tables = []
         dims = []
@@ -116,27 +125,49 @@ def serving_buckets(keys: int) -> int:
     return segment_buckets(keys, segments=1)[0]
 
 
-def next_version(export_dir: str) -> int:
-    versions = existing_versions(export_dir)
-    return (versions[-1] + 1) if versions else 1
-
-
 def existing_versions(export_dir: str) -> list[int]:
     if not os.path.isdir(export_dir):
         return []
     return sorted(int(d) for d in os.listdir(export_dir) if re.fullmatch(r"\d+", d))
 
 
-def export_saved_model(model: RankingModel, model_dir: str, keep: int | None = None) -> str:
-    """Writes `MODEL_DIR/export/<version>/` atomically; keeps the newest `keep` versions."""
+def portable_config(config) -> dict:
+    """The config as a plain mapping for an export: no model dir, data paths cut to
+    their file names (an export is copied to serving hosts; it must not leak them)."""
+    raw = to_dict(config)
+    raw.get("train", {}).pop("model_dir", None)
+    data = raw.get("data", {})
+    for key in ("train", "eval"):
+        if data.get(key):
+            data[key] = [os.path.basename(str(p).rstrip("/")) for p in data[key]]
+    return raw
+
+
+def export_saved_model(
+    model: RankingModel, model_dir: str, keep: int | None = None, step: int | None = None
+) -> str:
+    """Writes `MODEL_DIR/export/<step>/` atomically; keeps the newest `keep` versions.
+
+    `step` defaults to the model's global step. An existing export of the same
+    step is replaced by a rename (readers never see a partial version).
+    """
+    if step is None:
+        step = int(model.global_step)
     export_dir = os.path.join(model_dir, "export")
-    final = os.path.join(export_dir, str(next_version(export_dir)))
-    module = ServingModule(model)
+    final = os.path.join(export_dir, str(step))
+    module = ServingModule(model, step)
     with staged_dir(final) as tmp:
         tf.saved_model.save(module, tmp, signatures=module.serving_signatures)
         extra = os.path.join(tmp, "assets.extra")
         os.makedirs(extra, exist_ok=True)
-        dump_config(model.config, os.path.join(extra, "recflow_config.yaml"))
+        with open(os.path.join(extra, "recflow_config.yaml"), "w", encoding="utf-8") as f:
+            yaml.safe_dump(portable_config(model.config), f, sort_keys=False)
+        write_json(os.path.join(extra, "manifest.json"), {"step": step, "version": step})
+        if os.path.isdir(final):  # the same step exported before (a replayed step)
+            old = os.path.join(export_dir, f".tmp-replaced-{step}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+            shutil.rmtree(old, ignore_errors=True)
     if keep:
         for old in existing_versions(export_dir)[:-keep]:
             shutil.rmtree(os.path.join(export_dir, str(old)), ignore_errors=True)

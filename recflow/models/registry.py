@@ -37,6 +37,11 @@ def get_model_class(type_name: str) -> type:
 
     if ":" in type_name:
         module_name, _, class_name = type_name.partition(":")
+        if not module_name or module_name.startswith(".") or not class_name:
+            raise ConfigError(
+                "model.type",
+                f"expected an absolute 'package.module:ClassName', got {type_name!r}",
+            )
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:

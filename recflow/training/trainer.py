@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
 import time
 from typing import Callable
 
@@ -26,6 +27,7 @@ from recflow.features import fit
 from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
 from recflow.training import metrics as metrics_lib
+from recflow.training import model_dir as model_dir_lib
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +44,8 @@ def make_dense_optimizer(config: DenseOptimizerConfig) -> keras.optimizers.Optim
 
 
 def saved_value(checkpoint_dir: str, name: str):
-    """A top-level variable of the latest checkpoint, read without building a model."""
-    latest = tf.train.latest_checkpoint(checkpoint_dir)
+    """A top-level variable of the newest readable checkpoint, read without building a model."""
+    latest = model_dir_lib.readable_checkpoint(checkpoint_dir)
     if latest is None:
         return None
     reader = tf.train.load_checkpoint(latest)
@@ -78,7 +80,9 @@ class Trainer:
         self.model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
         self._checkpoint = None
         self._manager = None
-        self._last_delta_step = 0
+        # The step of the last delta written, saved in each checkpoint: a resume
+        # continues the delta chain from its checkpoint, not from what is on disk.
+        self._delta_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_step")
         self._saved_step = -1
         self._step_fn = None
         self._writer = None
@@ -125,25 +129,29 @@ class Trainer:
         """Creates the checkpoint (dense + tables + input position + `extra`);
         restores the latest one when `restore`."""
         model = self.model
-        objects = {"model": model, "optimizer": model.optimizer, **extra}
+        objects = {"model": model, "optimizer": model.optimizer, "delta_step": self._delta_step, **extra}
         if iterator is not None:
             objects["iterator"] = iterator
         self._checkpoint = tf.train.Checkpoint(**objects)
+        latest = None
+        if restore:
+            # The newest checkpoint that reads back whole; the index file is rebuilt
+            # to match before the manager reads it.
+            latest = model_dir_lib.readable_checkpoint(self.checkpoint_dir)
+            model_dir_lib.repair_checkpoints(self.checkpoint_dir, latest)
         self._manager = tf.train.CheckpointManager(
             self._checkpoint, self.checkpoint_dir, max_to_keep=self.config.train.keep_checkpoints
         )
         if not restore:
             return  # a new input pass of a run already restored
-        latest = self._manager.latest_checkpoint
         if latest:
             check_checkpoint(latest)
             self._checkpoint.restore(latest).expect_partial()
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
-        deltas = os.path.join(self.model_dir, "deltas")
-        if os.path.isdir(deltas):
-            steps = [int(d) for d in os.listdir(deltas) if d.isdigit()]
-            self._last_delta_step = max(steps, default=0)
+        model_dir_lib.set_aside_stale_deltas(
+            os.path.join(self.model_dir, "deltas"), int(model.global_step)
+        )
 
     def restore(self) -> int:
         """Restores the latest checkpoint (without input position); returns its step."""
@@ -151,30 +159,58 @@ class Trainer:
             self._open()
         return int(self.model.global_step)
 
-    def save_checkpoint(self) -> str:
-        """Evicts stale rows, then writes a checkpoint of everything."""
+    def evict(self) -> None:
+        """Removes stale rows (eviction runs at every checkpoint)."""
         step = int(self.model.global_step)
         evicted = lifecycle.evict(self.model.embedding, step)
         if any(evicted.values()):
             logger.info("step %d: evicted %s", step, evicted)
-        path = self._manager.save(checkpoint_number=step)
+
+    def save_checkpoint(self, evict: bool = True) -> str:
+        """Evicts stale rows (unless `evict` is False: done already), then writes a
+        checkpoint of everything."""
+        step = int(self.model.global_step)
+        if evict:
+            self.evict()
+        try:
+            path = self._manager.save(checkpoint_number=step)
+        except BaseException:
+            model_dir_lib.discard_failed_save(self.checkpoint_dir, step)
+            raise
         self._saved_step = step
         return path
 
     def write_delta(self) -> str:
-        """Writes `deltas/<step>/`: rows updated since the previous delta (kept if up to date)."""
-        step = int(self.model.global_step)
-        existing = os.path.join(self.model_dir, "deltas", str(step))
-        if step == self._last_delta_step and os.path.isdir(existing):
-            return existing
-        path = lifecycle.write_delta(
-            self.model.embedding, os.path.join(self.model_dir, "deltas"), self._last_delta_step, step
-        )
-        self._last_delta_step = step
+        """Writes `deltas/<step>/`: rows updated since the previous delta (kept if up to date).
+
+        The previous delta's step comes from the checkpoint (`delta_step`), so a
+        resumed run writes the same deltas as one that was never stopped.
+        """
+        step, since = int(self.model.global_step), int(self._delta_step)
+        deltas = os.path.join(self.model_dir, "deltas")
+        final = os.path.join(deltas, str(step))
+        if os.path.isdir(final) and since == step:
+            return final
+        old = None
+        if os.path.isdir(final):  # a delta of this step not recorded in the checkpoint
+            old = os.path.join(deltas, f".tmp-replaced-{step}")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(final, old)
+        try:
+            path = lifecycle.write_delta(self.model.embedding, deltas, since, step)
+        except BaseException:
+            if old is not None:
+                os.replace(old, final)
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        self._delta_step.assign(step)
         return path
 
     def export(self) -> str:
-        return export_saved_model(self.model, self.model_dir, keep=self.config.export.keep)
+        """Writes `export/<global step>/` (replacing an export of the same step)."""
+        step = int(self.model.global_step)
+        return export_saved_model(self.model, self.model_dir, keep=self.config.export.keep, step=step)
 
     # ------------------------------------------------------------------ train
 
@@ -260,7 +296,7 @@ class Trainer:
         return self._transformed(ds)
 
     def prepare_model_dir(self) -> None:
-        os.makedirs(self.model_dir, exist_ok=True)
+        model_dir_lib.ensure_dir(self.model_dir)
         dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
 
     def request_stop(self) -> None:
@@ -297,9 +333,6 @@ class Trainer:
         progbar = keras.utils.Progbar(
             target or per_epoch, verbose=self.verbose, stateful_metrics=["loss"]
         )
-        every = config.train.checkpoint_every_steps
-        export_every = config.export.every_steps
-        delta_every = config.export.delta_every_steps
         examples = bad = 0
         sample = 10 * config.data.batch_size  # rows read before the bad fraction is judged
         while (target is None or step < target) and not self.stop_requested:
@@ -326,12 +359,7 @@ class Trainer:
             if step % config.train.log_every_steps == 0:
                 with self._writer.as_default(step=step):
                     tf.summary.scalar("loss", loss)
-            if every and step % every == 0:
-                self.save_checkpoint()
-            if delta_every and step % delta_every == 0:
-                self.write_delta()
-            if export_every and step % export_every == 0:
-                self.export()
+            self.run_hooks(step)
         self.rows_read += examples + bad
         self.bad_rows += bad
         self._check_bad(examples, bad, files)
@@ -348,6 +376,28 @@ class Trainer:
             f"{bad} of {read} rows read are bad ({bad / read:.1%}, above data.max_bad_fraction "
             f"{limit:g})" + (f"; first: {first}" if first else "")
         )
+
+    def run_hooks(self, step: int) -> None:
+        """The scheduled writes after `step`: eviction (with a checkpoint), the delta
+        (of the rows that survived) and the export, then the checkpoint.
+
+        The checkpoint comes last, so a kill anywhere before it is replayed from the
+        previous checkpoint and rewrites this step's delta and export; it records
+        the delta's step, so a resume from it continues the delta chain exactly.
+        """
+        config = self.config
+        delta_every = config.export.delta_every_steps
+        every = config.train.checkpoint_every_steps
+        export_every = config.export.every_steps
+        checkpoint = bool(every) and step % every == 0
+        if checkpoint:
+            self.evict()
+        if delta_every and step % delta_every == 0:
+            self.write_delta()
+        if export_every and step % export_every == 0:
+            self.export()
+        if checkpoint:
+            self.save_checkpoint(evict=False)
 
     def finish(self, examples: int, elapsed: float, start_step: int) -> dict:
         """Final checkpoint (with eviction) unless one was just written; a summary."""
