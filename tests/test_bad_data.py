@@ -158,11 +158,11 @@ def test_rerun_of_a_finished_dir_trains_and_exports_nothing(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", path, "--quiet"]) == 0
     assert "is already at step 2 (train.epochs=1): nothing to train" in capsys.readouterr().out
-    assert os.listdir(tmp_path / "run" / "export") == ["1"]
+    assert os.listdir(tmp_path / "run" / "export") == ["2"]  # export versions are global steps
     # --set train.steps on an epochs config: the steps win, and training goes on
     assert main(["train", path, "--quiet", "--set", "train.steps=3"]) == 0
     assert "step 3" in capsys.readouterr().out
-    assert sorted(os.listdir(tmp_path / "run" / "export")) == ["1", "2"]
+    assert sorted(os.listdir(tmp_path / "run" / "export")) == ["2", "3"]
     # a finished epoch run given one more epoch trains that whole pass (2 steps of 4 rows)
     other = tmp_path / "again"
     assert main(["train", path, "--quiet", "--model-dir", str(other)]) == 0

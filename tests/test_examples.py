@@ -59,13 +59,13 @@ def test_example_trains_on_its_sample_and_predicts(tmp_path, capsys, name):
 
     resolved = yaml.safe_load((model_dir / "config.yaml").read_text())
     exported = yaml.safe_load(
-        (model_dir / "export" / "1" / "assets.extra" / "recflow_config.yaml").read_text()
+        (model_dir / "export" / max(os.listdir(model_dir / "export"), key=int) / "assets.extra" / "recflow_config.yaml").read_text()
     )
     assert exported["features"] == resolved["features"]
     for feature in resolved["features"]:  # `auto` is stored fitted, never as `auto`
         assert (feature.get("normalizer") or {}).get("type") != "auto"
 
-    lines = list(predict_file(str(model_dir / "export" / "1"), str(data)))
+    lines = list(predict_file(str(model_dir / "export" / max(os.listdir(model_dir / "export"), key=int)), str(data)))
     if len(outputs) > 1:
         assert lines.pop(0) == ",".join(outputs)
     values = np.array([[float(v) for v in line.split(",")] for line in lines])

@@ -35,7 +35,7 @@ def test_predict_uses_the_training_csv_settings(tmp_path, capsys):
     config = tmp_path / "c.yaml"
     config.write_text(yaml.safe_dump(raw), encoding="utf-8")
     assert main(["train", str(config), "--quiet"]) == 0
-    export = str(tmp_path / "run" / "export" / "1")
+    export = str(tmp_path / "run" / "export" / max(os.listdir(tmp_path / "run" / "export"), key=int))
     got = np.array([float(v) for v in predict_file(export, str(data))])
     serve = tf.saved_model.load(export).signatures["serving_default"]
     expected = serve(
