@@ -59,8 +59,9 @@ def follow(
     saved = saved_value(trainer.checkpoint_dir, "stream/current")
     in_progress = saved.decode() if saved is not None else ""
     iterator = iter(trainer.dataset("train", epochs=1, files=[in_progress])) if in_progress else None
-    trainer._open(iterator, stream=state)  # restores model, tables, stream state (and position)
+    trainer.open_checkpoint(iterator, stream=state)  # restores model, tables, stream state (and position)
     began, examples, start_step = time.perf_counter(), 0, int(trainer.model.global_step)
+    trainer.callbacks.on_train_begin()
     while not trainer.stop_requested:
         if iterator is None:
             file = _next_file(trainer.config, state)
@@ -68,7 +69,7 @@ def follow(
                 time.sleep(poll_seconds)
                 continue
             iterator = iter(trainer.dataset("train", epochs=1, files=[file]))
-            trainer._open(iterator, restore=False, stream=state)
+            trainer.open_checkpoint(iterator, restore=False, stream=state)
             state.current.assign(file)
         trained = trainer.run_steps(iterator, files=[state.current_file()])
         examples += trained

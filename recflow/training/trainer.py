@@ -28,6 +28,8 @@ from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
 from recflow.training import metrics as metrics_lib
 from recflow.training import model_dir as model_dir_lib
+from recflow.training.callbacks import CallbackList, default_callbacks
+from recflow.training.runner import LocalRunner
 
 logger = logging.getLogger(__name__)
 
@@ -56,10 +58,18 @@ def saved_value(checkpoint_dir: str, name: str):
 class Trainer:
     """Trains, evaluates and exports one model dir.
 
+    `fit` is one loop over a step runner (`make_runner`: in this process, or on
+    parameter-server workers) and Keras callbacks: the built-in schedule
+    (eviction, delta, export, checkpoint, loss logging; see
+    `recflow.training.callbacks`) and then `callbacks`.
+
     Args:
         config: the run config.
         model_dir: overrides `config.train.model_dir`.
         verbose: 0 silent, 1 progress bar.
+        placement: embedding shard placement (parameter servers); local by default.
+        callbacks: more `tf_keras.callbacks.Callback`s, run after the built-in ones;
+            one may end training with `self.model.stop_training = True`.
     """
 
     def __init__(
@@ -68,6 +78,7 @@ class Trainer:
         model_dir: str | None = None,
         verbose: int = 1,
         placement: Placement | None = None,
+        callbacks=None,
     ):
         self.model_dir = model_dir or config.train.model_dir
         config, warnings = fit.resolve(config, self.model_dir)  # `auto` normalizers
@@ -84,9 +95,11 @@ class Trainer:
         # continues the delta chain from its checkpoint, not from what is on disk.
         self._delta_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_step")
         self._saved_step = -1
-        self._step_fn = None
-        self._writer = None
-        self.stop_requested = False
+        self.model.stop_training = False
+        self.callbacks = CallbackList(default_callbacks(self) + list(callbacks or []), self.model)
+        self.runner = None
+        self.examples_trained = 0  # rows trained by this process's run, each once
+        self.examples_applied = 0  # rows whose updates were applied (PS: retried chunks again)
         self.rows_read = 0  # rows read by training passes of this process (kept + bad)
         self.bad_rows = 0
         self.nonfinite_values = 0  # numeric values read as missing: inf, overflow, "nan"
@@ -119,15 +132,48 @@ class Trainer:
         ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
+    def train_files(self) -> list[str] | None:
+        """The training files (None for synthetic data)."""
+        if self.config.data.format == "synthetic":
+            return None
+        return data_lib.sources.expand(self.config.data.train, "data.train")
+
+    def steps_per_epoch(self, files: list[str] | None) -> int | None:
+        """Steps of one pass when cheap to know (synthetic rows, CSV up to 256 MB), else None."""
+        data = self.config.data
+        if files is None:
+            return -(-data.synthetic.rows // data.batch_size)
+        if data.format != "csv" or sum(os.path.getsize(f) for f in files) > 256 << 20:
+            return None
+        rows = 0
+        for file in files:
+            with open(file, "rb") as f:
+                rows += sum(1 for line in f if line.strip()) - (1 if data.csv.header else 0)
+        return -(-max(rows, 0) // data.batch_size)
+
+    def epoch_dataset(self, epoch: int):
+        """One pass over the training data, shuffled differently each epoch."""
+        data = dataclasses.replace(self.config.data, seed=self.config.data.seed + epoch)
+        config = dataclasses.replace(self.config, data=data)
+        ds = data_lib.make_dataset(config, "train", epochs=1)
+        return self._transformed(ds)
+
     # ------------------------------------------------------------------ checkpoints
 
     @property
     def checkpoint_dir(self) -> str:
         return os.path.join(self.model_dir, "checkpoints")
 
-    def _open(self, iterator=None, restore: bool = True, **extra) -> None:
-        """Creates the checkpoint (dense + tables + input position + `extra`);
-        restores the latest one when `restore`."""
+    def open_checkpoint(self, iterator=None, restore: bool = True, **extra) -> None:
+        """Creates the checkpoint of the model, the optimizer, the delta chain, the input
+        position (`iterator`) and `extra` objects; restores the latest one when `restore`.
+
+        Args:
+            iterator: a `tf.data` iterator whose position goes into the checkpoint.
+            restore: restore the newest readable checkpoint (False: a new input pass of
+                a run already restored; the next save records it).
+            **extra: more trackable objects to save under their names (e.g. `epoch`).
+        """
         model = self.model
         objects = {"model": model, "optimizer": model.optimizer, "delta_step": self._delta_step, **extra}
         if iterator is not None:
@@ -143,7 +189,8 @@ class Trainer:
             self._checkpoint, self.checkpoint_dir, max_to_keep=self.config.train.keep_checkpoints
         )
         if not restore:
-            return  # a new input pass of a run already restored
+            self._saved_step = -1  # the next checkpoint must record the new objects
+            return
         if latest:
             check_checkpoint(latest)
             self._checkpoint.restore(latest).expect_partial()
@@ -156,7 +203,7 @@ class Trainer:
     def restore(self) -> int:
         """Restores the latest checkpoint (without input position); returns its step."""
         if self._checkpoint is None:
-            self._open()
+            self.open_checkpoint()
         return int(self.model.global_step)
 
     def evict(self) -> None:
@@ -179,6 +226,11 @@ class Trainer:
             raise
         self._saved_step = step
         return path
+
+    def save_final_checkpoint(self) -> None:
+        """The end-of-training checkpoint (with eviction), unless this step was just saved."""
+        if self._saved_step != int(self.model.global_step):
+            self.save_checkpoint()
 
     def write_delta(self) -> str:
         """Writes `deltas/<step>/`: rows updated since the previous delta (kept if up to date).
@@ -214,11 +266,24 @@ class Trainer:
 
     # ------------------------------------------------------------------ train
 
+    def make_runner(self):
+        """The step runner of this trainer (a `LocalRunner`; `PSTrainer` runs on workers)."""
+        return LocalRunner(self)
+
     def fit(self) -> dict:
         """Trains to `train.steps` / `train.epochs` (totals), resuming from the latest checkpoint.
 
         Each epoch is its own input pass (shuffled with `data.seed + epoch`); the
-        checkpoint holds the epoch and the position inside it.
+        checkpoint holds the epoch and the position inside it. The callbacks run
+        after every step (see `recflow.training.callbacks`).
+
+        Returns:
+            A summary: steps, examples, train_seconds, examples_per_sec (or
+            `already_done: True` when the model dir's run is complete).
+
+        Raises:
+            DataError: a pass read no rows, nothing was trained, too many bad rows,
+                or a non-finite loss.
         """
         config = self.config
         self.prepare_model_dir()
@@ -229,32 +294,32 @@ class Trainer:
         steps = config.train.steps
         if saved is not None and steps is None and int(epoch) >= epochs:
             return self.already_done(int(epoch))
-        iterator = iter(self.epoch_dataset(int(epoch)))
-        self._open(iterator, epoch=epoch)
+        runner = self.runner = self.make_runner()
+        runner.open(epoch)
         began, start = time.perf_counter(), int(self.model.global_step)
         if steps is not None and start >= steps:
             return self.already_done(int(epoch))
-        files = self.train_files()
-        per_epoch = self.steps_per_epoch(files)
+        self.callbacks.on_train_begin()
         examples, resumed = 0, start > 0
         while not self.stop_requested:
             if self.verbose and epochs:
                 print(f"Epoch {int(epoch) + 1}/{epochs}")
+            self.callbacks.on_epoch_begin(int(epoch))
             read_before, pass_start = self.rows_read, int(self.model.global_step)
-            examples += self.run_steps(iterator, target=steps, files=files, per_epoch=per_epoch)
+            examples += runner.run_epoch(int(epoch), steps)
             if self.rows_read == read_before and not resumed:
-                raise DataError(f"data.train: a pass over {_name(files)} read no rows")
-            if per_epoch is None and not resumed:  # now known, for the next passes' progress bar
-                per_epoch = int(self.model.global_step) - pass_start
+                raise DataError(f"data.train: a pass over {_name(self.train_files())} read no rows")
+            if not resumed:  # now known, for the next passes' progress bar
+                runner.epoch_steps(int(self.model.global_step) - pass_start)
             resumed = False
             if (steps is not None and self.model.global_step >= steps) or self.stop_requested:
                 break
             epoch.assign_add(1)  # the pass ended
-            # The next pass's fresh iterator goes into every later checkpoint, the final one
+            # The next pass's fresh input goes into every later checkpoint, the final one
             # included, so a run given more epochs later starts that pass at its beginning.
-            iterator = iter(self.epoch_dataset(int(epoch)))
-            self._open(iterator, restore=False, epoch=epoch)
+            runner.next_epoch(epoch)
             self._saved_step = -1  # the final checkpoint must record the new epoch
+            self.callbacks.on_epoch_end(int(epoch) - 1, {"examples": self.examples_trained})
             if epochs is not None and int(epoch) >= epochs:
                 break
         if int(self.model.global_step) == 0 and not self.stop_requested:
@@ -269,39 +334,18 @@ class Trainer:
         step = self.restore()
         return {"steps": step, "epoch": epoch, "examples": 0, "already_done": True}
 
-    def train_files(self) -> list[str] | None:
-        """The training files (None for synthetic data)."""
-        if self.config.data.format == "synthetic":
-            return None
-        return data_lib.sources.expand(self.config.data.train, "data.train")
-
-    def steps_per_epoch(self, files: list[str] | None) -> int | None:
-        """Steps of one pass when cheap to know (synthetic rows, CSV up to 256 MB), else None."""
-        data = self.config.data
-        if files is None:
-            return -(-data.synthetic.rows // data.batch_size)
-        if data.format != "csv" or sum(os.path.getsize(f) for f in files) > 256 << 20:
-            return None
-        rows = 0
-        for file in files:
-            with open(file, "rb") as f:
-                rows += sum(1 for line in f if line.strip()) - (1 if data.csv.header else 0)
-        return -(-max(rows, 0) // data.batch_size)
-
-    def epoch_dataset(self, epoch: int):
-        """One pass over the training data, shuffled differently each epoch."""
-        data = dataclasses.replace(self.config.data, seed=self.config.data.seed + epoch)
-        config = dataclasses.replace(self.config, data=data)
-        ds = data_lib.make_dataset(config, "train", epochs=1)
-        return self._transformed(ds)
-
     def prepare_model_dir(self) -> None:
         model_dir_lib.ensure_dir(self.model_dir)
         dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
 
+    @property
+    def stop_requested(self) -> bool:
+        """Whether training ends after the current step (`model.stop_training`, as in Keras)."""
+        return bool(self.model.stop_training)
+
     def request_stop(self) -> None:
-        """Asks the loop to stop after the current step (signal handlers call this)."""
-        self.stop_requested = True
+        """Asks the loop to stop after the current step (signal handlers and callbacks call this)."""
+        self.model.stop_training = True
 
     def run_steps(
         self,
@@ -310,62 +354,21 @@ class Trainer:
         files: list[str] | None = None,
         per_epoch: int | None = None,
     ) -> int:
-        """Trains on `iterator` until it ends, `target` steps, or a stop request.
+        """Trains on `iterator` in this process until it ends, `target` steps, or a stop request.
 
-        Runs the checkpoint, delta and export hooks on schedule; returns the
-        number of examples trained. `files` are the files the iterator reads
-        (named when too many rows are bad); `per_epoch` the steps of a whole
-        pass, for the progress bar.
+        Runs the callbacks after each step; returns the number of examples
+        trained. `files` are the files the iterator reads (named when too many
+        rows are bad); `per_epoch` the steps of a whole pass, for the progress bar.
 
         Raises:
             DataError: the bad rows of this pass exceed `data.max_bad_fraction`,
                 or the loss is not finite (nothing more is saved).
         """
-        config, model = self.config, self.model
-        if self._step_fn is None:
-            # The engine and tower are plain tensor code: tracing without AutoGraph is
-            # several times faster (the tower itself is still converted, see RankingModel).
-            self._step_fn = tf.function(
-                model.train_step, input_signature=[iterator.element_spec], autograph=False
-            )
-            self._writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
-        step = start = int(model.global_step)
-        progbar = keras.utils.Progbar(
-            target or per_epoch, verbose=self.verbose, stateful_metrics=["loss"]
-        )
-        examples = bad = 0
-        sample = 10 * config.data.batch_size  # rows read before the bad fraction is judged
-        while (target is None or step < target) and not self.stop_requested:
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                break
-            features, labels, batch_bad = batch
-            size = int(tf.shape(labels[config.labels[0]])[0])
-            bad += int(batch_bad)
-            self.nonfinite_values += int(features[NONFINITE])
-            self.truncated_rows += int(features[TRUNCATED])
-            if examples + bad >= sample:
-                self._check_bad(examples, bad, files)
-            if size == 0:  # every row of the batch was bad: no step
-                model.bad_records.assign_add(int(batch_bad))
-                continue
-            loss = float(self._step_fn(batch)["loss"])
-            step += 1
-            examples += size
-            if not np.isfinite(loss):
-                raise DataError(f"step {step}: the loss is {loss}; {_out_of_range(config, batch)}")
-            progbar.update(step if target else step - start, [("loss", loss)])
-            if step % config.train.log_every_steps == 0:
-                with self._writer.as_default(step=step):
-                    tf.summary.scalar("loss", loss)
-            self.run_hooks(step)
-        self.rows_read += examples + bad
-        self.bad_rows += bad
-        self._check_bad(examples, bad, files)
-        return examples
+        if not isinstance(self.runner, LocalRunner):
+            self.runner = LocalRunner(self)
+        return self.runner.run_steps(iterator, target=target, files=files, per_epoch=per_epoch)
 
-    def _check_bad(self, examples: int, bad: int, files: list[str] | None) -> None:
+    def check_bad_rows(self, examples: int, bad: int, files: list[str] | None) -> None:
         """Raises DataError when the bad rows exceed `data.max_bad_fraction` of the rows read."""
         limit = self.config.data.max_bad_fraction
         read = examples + bad
@@ -377,38 +380,17 @@ class Trainer:
             f"{limit:g})" + (f"; first: {first}" if first else "")
         )
 
-    def run_hooks(self, step: int) -> None:
-        """The scheduled writes after `step`: eviction (with a checkpoint), the delta
-        (of the rows that survived) and the export, then the checkpoint.
-
-        The checkpoint comes last, so a kill anywhere before it is replayed from the
-        previous checkpoint and rewrites this step's delta and export; it records
-        the delta's step, so a resume from it continues the delta chain exactly.
-        """
-        config = self.config
-        delta_every = config.export.delta_every_steps
-        every = config.train.checkpoint_every_steps
-        export_every = config.export.every_steps
-        checkpoint = bool(every) and step % every == 0
-        if checkpoint:
-            self.evict()
-        if delta_every and step % delta_every == 0:
-            self.write_delta()
-        if export_every and step % export_every == 0:
-            self.export()
-        if checkpoint:
-            self.save_checkpoint(evict=False)
-
     def finish(self, examples: int, elapsed: float, start_step: int) -> dict:
-        """Final checkpoint (with eviction) unless one was just written; a summary."""
+        """Ends training: the callbacks' `on_train_end` (the final checkpoint, with
+        eviction, unless one was just written); returns a summary."""
         step = int(self.model.global_step)
-        if self._saved_step != step:
-            self.save_checkpoint()
+        self.callbacks.on_train_end({"steps": step, "examples": examples})
         if self.verbose and step > start_step:
             print()
         return {
             "steps": step,
             "examples": examples,
+            "examples_applied": self.examples_applied,
             "train_seconds": round(elapsed, 3),
             "examples_per_sec": round(examples / elapsed, 1) if elapsed > 0 and examples else 0.0,
         }
@@ -530,21 +512,3 @@ def _name(files: list[str] | None) -> str:
     if not files:
         return "the synthetic data"
     return files[0] if len(files) == 1 else f"{len(files)} files"
-
-
-def _out_of_range(config: Config, batch) -> str:
-    """Names the first input of a batch that is not finite or above 1e4 in magnitude."""
-    features, labels, _ = batch
-    inputs = [(f"feature '{f.name}'", features[f.name]) for f in config.numeric_features]
-    inputs += [(f"label '{label}'", labels[label]) for label in config.labels]
-    for who, value in inputs:
-        value = np.asarray(value, np.float64).reshape(-1)
-        finite = np.isfinite(value)
-        if not finite.all():
-            return f"first input out of range: {who} = {value[~finite][0]:g}"
-        if value.size and np.max(np.abs(value)) > 1e4:
-            return (
-                f"first input out of range: {who} reaches {np.max(np.abs(value)):g} "
-                "(after its normalizer); add or fix its normalizer"
-            )
-    return "no input is out of range; lower the learning rates"

@@ -1,0 +1,159 @@
+"""Input splits for parameter-server training: each row read once per epoch, by one worker.
+
+An epoch's input is cut into splits: one per training file, or for synthetic
+data `SYNTHETIC_SPLITS` row ranges (each a whole number of batches). The chief
+hands out *chunks* of splits, `(split, first batch, batch count)`, as
+`ClusterCoordinator` closures; a closure builds that chunk's dataset on the
+worker that runs it and trains every batch of it there. So a row is read by one
+worker, and the chief never reads the data itself.
+
+`SplitState` (saved in every checkpoint, beside the model) records, per split,
+how many batches are done, or that the split is finished. Checkpoints are taken
+only when no closure is in flight, so a chief restarted from a checkpoint
+continues with exactly the batches that checkpoint has not trained.
+
+Reading a chunk from its `first` batch costs nothing for synthetic row ranges
+(the batches are row indices until the chunk's rows are gathered); a file is
+read from its start, so file chunks run to the end of the file (or to the
+`train.steps` target) and are not cut at hook boundaries.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+
+import numpy as np
+import tensorflow as tf
+
+from recflow.config.schema import Config
+from recflow.data import pipeline, sources
+
+logger = logging.getLogger(__name__)
+
+SYNTHETIC_SPLITS = 16  # row ranges of a synthetic epoch (fewer when there are fewer batches)
+UNLIMITED = 2**62  # a chunk's batch count: to the end of its split
+FINISHED = -1  # SplitState position of a split whose every batch is trained
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One split of an epoch.
+
+    Args:
+        index: its position in the epoch's list.
+        file: the training file, or None for a synthetic row range.
+        start, stop: the synthetic row range [start, stop) (0, 0 for a file).
+    """
+
+    index: int
+    file: str | None = None
+    start: int = 0
+    stop: int = 0
+
+    @property
+    def seekable(self) -> bool:
+        """A chunk may start at any batch at no cost (synthetic row ranges)."""
+        return self.file is None
+
+    def __str__(self) -> str:
+        return self.file if self.file is not None else f"synthetic rows [{self.start}, {self.stop})"
+
+
+def make_splits(config: Config) -> list[Split]:
+    """The splits of the training data: one per file, or synthetic row ranges.
+
+    Synthetic ranges hold whole batches (the last one the rest), so a split's
+    batches are the batches a single pass would make.
+    """
+    data = config.data
+    if data.format != "synthetic":
+        files = sources.expand(data.train, "data.train")
+        return [Split(i, file=f) for i, f in enumerate(files)]
+    rows, batch = data.synthetic.rows, data.batch_size
+    batches = -(-rows // batch)
+    count = max(1, min(SYNTHETIC_SPLITS, batches))
+    bounds = [min(rows, (batches * i // count) * batch) for i in range(count + 1)]
+    return [Split(i, start=bounds[i], stop=bounds[i + 1]) for i in range(count)]
+
+
+def epoch_order(config: Config, splits: list[Split], epoch: int) -> list[int]:
+    """The order in which an epoch hands out its splits: shuffled per epoch
+    (`data.seed + epoch`) when `data.shuffle`, else the file/row order."""
+    order = list(range(len(splits)))
+    if config.data.shuffle:
+        np.random.default_rng(config.data.seed + epoch).shuffle(order)
+    return order
+
+
+class SyntheticChunks:
+    """Datasets of synthetic row-range chunks; one traced function serves every split.
+
+    Args:
+        config: the run config (`data.synthetic`, batch size, shuffle).
+    """
+
+    def __init__(self, config: Config):
+        from recflow.data import synthetic
+
+        self.config = config
+        columns, _ = synthetic.generate(config.data.synthetic, "train")
+        self.uses = pipeline.unique(sources.needs(config))
+        self.data = {u.column: np.asarray(columns[u.column]) for u in self.uses}
+
+    @tf.autograph.experimental.do_not_convert
+    def dataset(self, start, stop, seed, first, count) -> tf.data.Dataset:
+        """Batches `first .. first + count` of rows [start, stop), shuffled with `seed`."""
+        config = self.config
+        ds = tf.data.Dataset.range(start, stop)
+        if config.data.shuffle:  # a fixed seed: a chunk sees the same order every time
+            ds = ds.shuffle(config.data.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+        ds = ds.batch(config.data.batch_size).skip(first).take(count)
+        data = {c: tf.constant(v) for c, v in self.data.items()}
+        where = f"synthetic schema '{config.data.synthetic.schema}'"
+
+        def convert(index):
+            decoded = {u.key: pipeline.typed(tf.gather(data[u.column], index), u, where) for u in self.uses}
+            return pipeline.outputs(config, decoded, tf.constant(0, tf.int64))
+
+        return pipeline.finish(ds, convert)
+
+
+@tf.autograph.experimental.do_not_convert
+def file_chunk_dataset(config: Config, file: str, epoch: int, first, count) -> tf.data.Dataset:
+    """Batches `first .. first + count` of one file (records shuffled with `data.seed + epoch`)."""
+    data = dataclasses.replace(config.data, seed=config.data.seed + epoch)
+    ds = pipeline.make_file_dataset(dataclasses.replace(config, data=data), [file], epochs=1)
+    return ds.skip(first).take(count)
+
+
+class SplitState(tf.Module):
+    """Per split of the current epoch: batches trained, or `FINISHED`; saved in checkpoints.
+
+    Args:
+        count: the number of splits.
+    """
+
+    def __init__(self, count: int):
+        super().__init__(name="splits")
+        self.count = count
+        self.positions = tf.Variable(json.dumps([0] * count), dtype=tf.string, trainable=False, name="positions")
+
+    def read(self) -> list[int]:
+        """The positions; a saved state of another split count starts the epoch over."""
+        positions = json.loads(self.positions.numpy().decode())
+        if len(positions) != self.count:  # e.g. files added to data.train between runs
+            logger.warning(
+                "the checkpoint's split state has %d splits, the data %d: the epoch starts over",
+                len(positions), self.count,
+            )
+            return [0] * self.count
+        return positions
+
+    def write(self, positions: list[int]) -> None:
+        self.positions.assign(json.dumps([int(p) for p in positions]))
+
+    def reset(self) -> None:
+        """A new epoch: every split untouched."""
+        self.write([0] * self.count)

@@ -1,0 +1,186 @@
+"""The training loop's hooks as Keras callbacks (`tf_keras.callbacks.Callback`).
+
+The loop calls, in list order:
+
+    on_train_begin(logs)
+    on_epoch_begin(epoch, logs)
+    on_train_batch_end(step, logs)    step: the global step after the step(s) just run
+    on_epoch_end(epoch, logs)
+    on_train_end(logs)
+
+`logs` of a batch end: `loss` (the last step's), `previous_step` (the global step
+before the steps just run: the local loop runs one step at a time, the
+parameter-server loop a chunk of steps per worker) and `examples` (rows trained
+so far by this run). A schedule of every N steps fires when the step reaches or
+passes a multiple of N (`crossed`).
+
+The built-in schedule runs, after a step: eviction -> delta -> export ->
+checkpoint. Eviction comes first so a delta holds only surviving rows; the
+checkpoint comes last, so a kill anywhere before it replays from the previous
+checkpoint and rewrites this step's delta and export, and the checkpoint
+records the delta's step, so a resume continues the delta chain exactly.
+User callbacks run after the built-in ones; setting `self.model.stop_training
+= True` (as in Keras) ends training after the current step with a final
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+import tensorflow as tf
+import tf_keras as keras
+
+logger = logging.getLogger(__name__)
+
+
+def crossed(previous: int, step: int, every: int | None) -> bool:
+    """Whether the steps `previous + 1 .. step` hold a multiple of `every` (> 0)."""
+    return bool(every) and previous // every < step // every
+
+
+class TrainerCallback(keras.callbacks.Callback):
+    """A callback bound to a `Trainer` (for its model dir, checkpoint and export).
+
+    Args:
+        trainer: the trainer whose loop calls this callback.
+    """
+
+    def __init__(self, trainer):
+        super().__init__()
+        self.trainer = trainer
+
+
+class EvictionCallback(TrainerCallback):
+    """Removes stale rows (`eviction.ttl_steps` / `max_keys`) at every checkpoint step."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        every = self.trainer.config.train.checkpoint_every_steps
+        if crossed(logs["previous_step"], batch, every):
+            self.trainer.evict()
+
+
+class DeltaCallback(TrainerCallback):
+    """Writes `deltas/<step>/` every `export.delta_every_steps`."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if crossed(logs["previous_step"], batch, self.trainer.config.export.delta_every_steps):
+            self.trainer.write_delta()
+
+
+class ExportCallback(TrainerCallback):
+    """Writes `export/<step>/` every `export.every_steps`."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if crossed(logs["previous_step"], batch, self.trainer.config.export.every_steps):
+            self.trainer.export()
+
+
+class CheckpointCallback(TrainerCallback):
+    """Checkpoints every `train.checkpoint_every_steps` (eviction ran just before, see
+    `EvictionCallback`), and at the end of training unless the step was just saved."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        if crossed(logs["previous_step"], batch, self.trainer.config.train.checkpoint_every_steps):
+            self.trainer.save_checkpoint(evict=False)
+
+    def on_train_end(self, logs=None):
+        self.trainer.save_final_checkpoint()
+
+
+class LossLogger(TrainerCallback):
+    """Writes the loss to TensorBoard (`MODEL_DIR/logs`) every `train.log_every_steps`."""
+
+    def __init__(self, trainer):
+        super().__init__(trainer)
+        self._writer = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not crossed(logs["previous_step"], batch, self.trainer.config.train.log_every_steps):
+            return
+        if self._writer is None:
+            self._writer = tf.summary.create_file_writer(os.path.join(self.trainer.model_dir, "logs"))
+        with self._writer.as_default(step=batch):
+            tf.summary.scalar("loss", logs["loss"])
+
+    def on_train_end(self, logs=None):
+        if self._writer is not None:
+            self._writer.flush()
+
+
+class StopOnSignal(keras.callbacks.Callback):
+    """Ends training after the current step on SIGTERM / SIGINT (Ctrl-C), with a final
+    checkpoint; the previous handlers are back after training. Does nothing outside
+    the main thread (Python delivers signals there only).
+
+    Args:
+        signals: the signals to catch.
+    """
+
+    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
+        super().__init__()
+        self.signals = tuple(signals)
+        self._previous: dict = {}
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def stop(signum, frame):
+            logger.warning("signal %d: stopping after the current step", signum)
+            self.model.stop_training = True
+
+        self._previous = {s: signal.signal(s, stop) for s in self.signals}
+
+    def on_train_end(self, logs=None):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+
+def default_callbacks(trainer) -> list[keras.callbacks.Callback]:
+    """The built-in schedule, in the order it must run: evict, delta, export, checkpoint, log."""
+    return [
+        EvictionCallback(trainer),
+        DeltaCallback(trainer),
+        ExportCallback(trainer),
+        CheckpointCallback(trainer),
+        LossLogger(trainer),
+    ]
+
+
+class CallbackList:
+    """Calls a list of callbacks in order (bound to the model like Keras's `CallbackList`).
+
+    Args:
+        callbacks: the callbacks.
+        model: set as each callback's `model`.
+    """
+
+    def __init__(self, callbacks, model):
+        self.callbacks = list(callbacks)
+        for callback in self.callbacks:
+            callback.set_model(model)
+
+    def on_train_begin(self, logs=None):
+        for c in self.callbacks:
+            c.on_train_begin(logs)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        for c in self.callbacks:
+            c.on_epoch_begin(epoch, logs)
+
+    def on_train_batch_end(self, step, logs):
+        for c in self.callbacks:
+            c.on_train_batch_end(step, logs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        for c in self.callbacks:
+            c.on_epoch_end(epoch, logs)
+
+    def on_train_end(self, logs=None):
+        for c in self.callbacks:
+            c.on_train_end(logs)

@@ -1,0 +1,316 @@
+"""Step runners: how the training loop runs steps, in this process or on PS workers.
+
+`Trainer.fit` is one loop over a runner and the callbacks (see
+`recflow.training.callbacks`). A runner owns the input of an epoch and how
+its steps run:
+
+- `LocalRunner`: one `tf.data` iterator per epoch, saved in the checkpoint (the
+  input position), one step at a time in this process.
+- `PSRunner`: the epoch's input splits (`recflow.distribute.splits`), handed out
+  to the workers as `ClusterCoordinator` closures of whole chunks of batches; the
+  split state is saved in the checkpoint.
+
+Both call `callbacks.on_train_batch_end(global_step, logs)` after each step or
+wave of chunks, so one schedule (eviction, delta, export, checkpoint) serves both.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tensorflow as tf
+import tf_keras as keras
+
+from recflow.data.pipeline import NONFINITE, TRUNCATED
+from recflow.errors import DataError
+
+logger = logging.getLogger(__name__)
+
+
+class LocalRunner:
+    """Runs steps in this process, from a checkpointed `tf.data` iterator.
+
+    Args:
+        trainer: the trainer (config, model, callbacks, counters).
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.iterator = None
+        self.files = trainer.train_files()
+        self.per_epoch = trainer.steps_per_epoch(self.files)
+        self._step_fn = None
+
+    def open(self, epoch: tf.Variable) -> None:
+        """Builds the iterator of `epoch` and restores the latest checkpoint (with its position)."""
+        self.iterator = iter(self.trainer.epoch_dataset(int(epoch)))
+        self.trainer.open_checkpoint(self.iterator, epoch=epoch)
+
+    def next_epoch(self, epoch: tf.Variable) -> None:
+        """A fresh iterator for the (already advanced) `epoch`, in every later checkpoint."""
+        self.iterator = iter(self.trainer.epoch_dataset(int(epoch)))
+        self.trainer.open_checkpoint(self.iterator, restore=False, epoch=epoch)
+
+    def run_epoch(self, epoch: int, target: int | None) -> int:
+        """Trains the rest of the epoch (or to `target` steps); returns the examples trained."""
+        examples = self.run_steps(self.iterator, target=target, files=self.files, per_epoch=self.per_epoch)
+        return examples
+
+    def epoch_steps(self, steps: int) -> None:
+        """Records the steps of a whole pass (for the next passes' progress bar)."""
+        if self.per_epoch is None:
+            self.per_epoch = steps
+
+    def run_steps(self, iterator, target=None, files=None, per_epoch=None) -> int:
+        """See `Trainer.run_steps`."""
+        trainer = self.trainer
+        config, model = trainer.config, trainer.model
+        if self._step_fn is None:
+            # The engine and tower are plain tensor code: tracing without AutoGraph is
+            # several times faster (the tower itself is still converted, see RankingModel).
+            self._step_fn = tf.function(
+                model.train_step, input_signature=[iterator.element_spec], autograph=False
+            )
+        step = start = int(model.global_step)
+        progbar = keras.utils.Progbar(target or per_epoch, verbose=trainer.verbose, stateful_metrics=["loss"])
+        examples = bad = 0
+        sample = 10 * config.data.batch_size  # rows read before the bad fraction is judged
+        while (target is None or step < target) and not trainer.stop_requested:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            features, labels, batch_bad = batch
+            size = int(tf.shape(labels[config.labels[0]])[0])
+            bad += int(batch_bad)
+            trainer.nonfinite_values += int(features[NONFINITE])
+            trainer.truncated_rows += int(features[TRUNCATED])
+            if examples + bad >= sample:
+                trainer.check_bad_rows(examples, bad, files)
+            if size == 0:  # every row of the batch was bad: no step
+                model.bad_records.assign_add(int(batch_bad))
+                continue
+            loss = float(self._step_fn(batch)["loss"])
+            step += 1
+            examples += size
+            if not np.isfinite(loss):
+                raise DataError(f"step {step}: the loss is {loss}; {_out_of_range(config, batch)}")
+            progbar.update(step if target else step - start, [("loss", loss)])
+            trainer.examples_trained += size
+            trainer.examples_applied += size
+            trainer.callbacks.on_train_batch_end(
+                step, {"loss": loss, "previous_step": step - 1, "examples": trainer.examples_trained}
+            )
+        trainer.rows_read += examples + bad
+        trainer.bad_rows += bad
+        trainer.check_bad_rows(examples, bad, files)
+        return examples
+
+
+def _shares(total: int, parts: int) -> list[int]:
+    """`total` cut into `parts` near-equal whole shares, larger first."""
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+class PSRunner:
+    """Runs an epoch's input splits as chunks on the parameter-server workers.
+
+    A wave hands one chunk to each of up to #workers unfinished splits, then
+    joins: checkpoints (and every other callback) run between waves, when no
+    closure is in flight. A chunk of a synthetic split ends at the next hook
+    boundary (`train.checkpoint_every_steps`, `export.every_steps`,
+    `export.delta_every_steps`, `train.log_every_steps`, the `train.steps`
+    target), so hooks run at their exact steps; a file's chunk runs to the end
+    of the file (reading a file from the middle re-reads its start), or to the
+    target, and hooks run at the first wave end at or after their step.
+
+    Args:
+        trainer: a `PSTrainer` (strategy, coordinator, role).
+    """
+
+    def __init__(self, trainer):
+        from recflow.distribute import splits as splits_lib
+
+        self.trainer = trainer
+        self.splits_lib = splits_lib
+        self.splits = splits_lib.make_splits(trainer.config)
+        self.state = splits_lib.SplitState(len(self.splits))
+        self.workers = len(trainer.role.cluster["worker"])
+        self.synthetic = None
+        if trainer.config.data.format == "synthetic":
+            self.synthetic = splits_lib.SyntheticChunks(trainer.config)
+        with trainer.strategy.scope():
+            # Rows whose updates reached the parameter servers, retried chunks included.
+            self.applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples_applied")
+        self._functions: dict = {}
+
+    def open(self, epoch: tf.Variable) -> None:
+        """Restores the latest checkpoint, split state included."""
+        self.trainer.open_checkpoint(epoch=epoch, splits=self.state)
+
+    def next_epoch(self, epoch: tf.Variable) -> None:
+        self.state.reset()
+
+    def epoch_steps(self, steps: int) -> None:
+        pass  # the progress bar has no total under PS
+
+    # ------------------------------------------------------------------ closures
+
+    def _chunk_fn(self, split, epoch: int):
+        """The traced function that trains a chunk of `split` (shared by synthetic splits)."""
+        key = None if split.seekable else (split.index, epoch)
+        if key not in self._functions:
+            self._functions = {k: v for k, v in self._functions.items() if k is None or k[1] == epoch}
+            self._functions[key] = self._make_chunk_fn(split, epoch)
+        return self._functions[key]
+
+    def _make_chunk_fn(self, split, epoch: int):
+        trainer, splits_lib = self.trainer, self.splits_lib
+        config, model, strategy, applied = trainer.config, trainer.model, trainer.strategy, self.applied
+        label = config.labels[0]
+
+        def dataset(start, stop, seed, first, count):
+            if split.seekable:
+                ds = self.synthetic.dataset(start, stop, seed, first, count)
+            else:
+                ds = splits_lib.file_chunk_dataset(config, split.file, epoch, first, count)
+            return trainer._transformed(ds)
+
+        def chunk(start, stop, seed, first, count):
+            iterator = iter(dataset(start, stop, seed, first, count))
+            zero, no_loss = tf.constant(0, tf.int64), tf.constant(0.0)
+
+            def body(read, steps, rows, bad, nonfinite, truncated, loss, finite, more):
+                element = iterator.get_next_as_optional()
+
+                def consume():
+                    batch = element.get_value()
+                    features, labels, batch_bad = batch
+                    size = tf.shape(labels[label], out_type=tf.int64)[0]
+
+                    def train():
+                        out = strategy.run(model.train_step, args=(batch,))
+                        step_loss = tf.reshape(tf.cast(out["loss"], tf.float32), [])
+                        with tf.control_dependencies([step_loss]):
+                            counted = applied.assign_add(size)
+                        with tf.control_dependencies([counted]):
+                            return steps + 1, tf.identity(step_loss)
+
+                    def skip():  # every row of the batch was bad: no step
+                        with tf.control_dependencies([model.bad_records.assign_add(batch_bad)]):
+                            return tf.identity(steps), tf.identity(loss)
+
+                    new_steps, new_loss = tf.cond(size > 0, train, skip)
+                    return (
+                        read + 1, new_steps, rows + size, bad + batch_bad,
+                        nonfinite + features[NONFINITE], truncated + features[TRUNCATED],
+                        new_loss, tf.math.is_finite(new_loss),
+                    )
+
+                def done():
+                    return read, steps, rows, bad, nonfinite, truncated, loss, finite
+
+                out = tf.cond(element.has_value(), consume, done)
+                return (*out, element.has_value())
+
+            def cond(*state):
+                return tf.logical_and(state[-1], state[-2])  # more input, finite loss
+
+            initial = (zero, zero, zero, zero, zero, zero, no_loss, tf.constant(True), tf.constant(True))
+            return tf.while_loop(cond, body, initial)[:-1]
+
+        return tf.function(chunk, autograph=False)
+
+    def _schedule(self, split, epoch: int, first: int, count: int):
+        seed = self.trainer.config.data.seed + epoch * 1_000_003 + split.index
+        args = [tf.constant(v, tf.int64) for v in (split.start, split.stop, seed, first, count)]
+        return self.trainer.coordinator.schedule(self._chunk_fn(split, epoch), args=tuple(args))
+
+    # ------------------------------------------------------------------ epoch
+
+    def _boundary(self, step: int, target: int | None) -> int | None:
+        """The next step a callback is scheduled at (or the target), or None."""
+        config = self.trainer.config
+        every = [
+            config.train.checkpoint_every_steps,
+            config.export.every_steps,
+            config.export.delta_every_steps,
+            config.train.log_every_steps,
+        ]
+        points = [(step // n + 1) * n for n in every if n]
+        if target is not None:
+            points.append(target)
+        return min(points) if points else None
+
+    def run_epoch(self, epoch: int, target: int | None) -> int:
+        """Trains the unfinished splits of `epoch` (or to `target` steps); returns the
+        examples trained (each row once, whatever was retried)."""
+        trainer, splits_lib = self.trainer, self.splits_lib
+        model, unlimited = trainer.model, splits_lib.UNLIMITED
+        positions = self.state.read()
+        order = [i for i in splits_lib.epoch_order(trainer.config, self.splits, epoch)
+                 if positions[i] != splits_lib.FINISHED]
+        step = start = int(model.global_step)
+        progbar = keras.utils.Progbar(target, verbose=trainer.verbose, stateful_metrics=["loss"])
+        examples = bad_rows = 0
+        while order and (target is None or step < target) and not trainer.stop_requested:
+            boundary = self._boundary(step, target)
+            wave = [self.splits[i] for i in order[: self.workers]]
+            cut = _shares(boundary - step, len(wave)) if boundary is not None else [unlimited] * len(wave)
+            stop = _shares(target - step, len(wave)) if target is not None else [unlimited] * len(wave)
+            counts = [c if split.seekable else s for split, c, s in zip(wave, cut, stop)]
+            scheduled = [
+                (split, count, self._schedule(split, epoch, positions[split.index], count))
+                for split, count in zip(wave, counts)
+                if count > 0
+            ]
+            trainer.coordinator.join()
+            loss = None
+            for split, count, remote in scheduled:
+                read, steps, rows, bad, nonfinite, truncated, chunk_loss, finite = remote.fetch()
+                if not finite:
+                    raise DataError(
+                        f"{split}: the loss is {float(chunk_loss)}; check the numeric inputs "
+                        "(normalizers) or lower the learning rates"
+                    )
+                positions[split.index] += int(read)
+                if read < count:  # the split ran out
+                    positions[split.index] = splits_lib.FINISHED
+                    order.remove(split.index)
+                examples, bad_rows = examples + int(rows), bad_rows + int(bad)
+                trainer.rows_read += int(rows) + int(bad)
+                trainer.bad_rows += int(bad)
+                trainer.nonfinite_values += int(nonfinite)
+                trainer.truncated_rows += int(truncated)
+                trainer.examples_trained += int(rows)
+                if steps:
+                    loss = float(chunk_loss)
+            self.state.write(positions)
+            trainer.check_bad_rows(examples, bad_rows, [s.file for s in self.splits if s.file] or None)
+            previous, step = step, int(model.global_step)
+            trainer.examples_applied = int(self.applied)
+            if step > previous:
+                progbar.update(step, [("loss", loss if loss is not None else float("nan"))])
+                trainer.callbacks.on_train_batch_end(
+                    step, {"loss": loss, "previous_step": previous, "examples": trainer.examples_trained}
+                )
+        return examples
+
+
+def _out_of_range(config, batch) -> str:
+    """Names the first input of a batch that is not finite or above 1e4 in magnitude."""
+    features, labels, _ = batch
+    inputs = [(f"feature '{f.name}'", features[f.name]) for f in config.numeric_features]
+    inputs += [(f"label '{label}'", labels[label]) for label in config.labels]
+    for who, value in inputs:
+        value = np.asarray(value, np.float64).reshape(-1)
+        finite = np.isfinite(value)
+        if not finite.all():
+            return f"first input out of range: {who} = {value[~finite][0]:g}"
+        if value.size and np.max(np.abs(value)) > 1e4:
+            return (
+                f"first input out of range: {who} reaches {np.max(np.abs(value)):g} "
+                "(after its normalizer); add or fix its normalizer"
+            )
+    return "no input is out of range; lower the learning rates"
