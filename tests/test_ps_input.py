@@ -1,0 +1,138 @@
+"""Input semantics of parameter-server training on a real loopback cluster (`recflow launch`).
+
+- A 2-worker epoch over 4 CSV files reads every row once and trains every row once.
+- A worker killed mid-epoch: at-least-once; the rows trained twice are counted
+  (`examples_applied - examples`) and stay within one chunk per kill; none are lost.
+- A chief restarted from a checkpoint (a killed PS restarts it): exact; the
+  restarted chief trains exactly the rows the checkpoint's split state has not.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from tests.test_ps_cluster import pid_of, wait_for
+
+ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+BATCH = 64
+COMMON = [
+    f"data.batch_size={BATCH}",
+    "train.epochs=1",
+    "model.params={dnn: {hidden_units: [8]}}",
+]
+
+
+def launch(model_dir, settings, ps=1, workers=2):
+    command = [sys.executable, "-m", "recflow.cli", "launch", "configs/deepfm_demo.yaml",
+               "--ps", str(ps), "--workers", str(workers), "--model-dir", str(model_dir)]
+    for item in COMMON + settings:
+        command += ["--set", item]
+    return subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(launcher, model_dir):
+    out, err = launcher.communicate(timeout=600)
+    assert launcher.returncode == 0, err[-3000:]
+    return json.loads((model_dir / "metrics.json").read_text()), err
+
+
+@pytest.fixture(scope="module")
+def csv_files(tmp_path_factory):
+    """4 CSV files of the demo schema, of 1000, 900, 1100 and 1000 rows, and an eval file."""
+    root = tmp_path_factory.mktemp("csv")
+    subprocess.run([sys.executable, "-m", "recflow.cli", "data", "synth", "--out", str(root),
+                    "--rows", "4000"], env=ENV, check=True, capture_output=True)
+    lines = (root / "train.csv").read_text().splitlines()
+    header, rows = lines[0], lines[1:]
+    sizes = [1000, 900, 1100, 1000]
+    assert len(rows) == sum(sizes)
+    files, at = [], 0
+    for i, size in enumerate(sizes):
+        path = root / f"part-{i}.csv"
+        path.write_text("\n".join([header] + rows[at : at + size]) + "\n")
+        files.append(path)
+        at += size
+    return root, sizes
+
+
+def test_two_workers_read_and_train_each_row_once(tmp_path, csv_files):
+    root, sizes = csv_files
+    model_dir = tmp_path / "files"
+    launcher = launch(model_dir, [
+        "data.format=csv", f"data.train={root}/part-*.csv", f"data.eval={root}/eval.csv",
+        "train.checkpoint_every_steps=20",
+    ])
+    metrics, _ = finish(launcher, model_dir)
+    rows = sum(sizes)
+    print(f"\nrows {rows}: examples_read {metrics['examples_read']}, examples {metrics['examples']}, "
+          f"examples_applied {metrics['examples_applied']}, steps {metrics['steps']}")
+    assert metrics["examples_read"] <= 1.05 * rows
+    assert abs(metrics["examples"] - rows) < BATCH
+    assert metrics["examples"] == metrics["examples_applied"] == rows  # no failure: each row once
+    # One step per batch of each file (a file's last batch is smaller), none twice.
+    assert metrics["steps"] == sum(-(-n // BATCH) for n in sizes)
+    # Checkpoints fire at the first wave end at or after each multiple of 20 steps.
+    saved = sorted(int(p.name[5:-6]) for p in (model_dir / "checkpoints").glob("ckpt-*.index"))
+    assert saved[-1] == metrics["steps"]
+
+
+def _positions(checkpoint_prefix):
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(checkpoint_prefix))
+    raw = reader.get_tensor("splits/positions/.ATTRIBUTES/VARIABLE_VALUE")
+    return json.loads(raw.decode())
+
+
+def test_worker_kill_is_at_least_once_and_chief_restart_is_exact(tmp_path):
+    rows, every, workers = 24000, 100, 2
+    model_dir = tmp_path / "kills"
+    launcher = launch(model_dir, [
+        f"data.synthetic={{rows: {rows}, eval_rows: 500, seed: 11, schema: demo}}",
+        f"train.checkpoint_every_steps={every}",
+    ], ps=2, workers=workers)
+    checkpoints = model_dir / "checkpoints"
+
+    wait_for(checkpoints / f"ckpt-{every}.index", launcher)
+    time.sleep(0.5)  # into the next wave of chunks (a wave of 2 x 50 steps takes seconds)
+    os.kill(pid_of(model_dir, "worker", 1), signal.SIGKILL)  # its chunk reruns on worker 0
+
+    # The chief restarts from the newest checkpoint when a PS dies.
+    wait_for(checkpoints / f"ckpt-{2 * every}.index", launcher)
+    os.kill(pid_of(model_dir, "ps", 1), signal.SIGKILL)
+    # The restarted chief resumes from the newest checkpoint written before the kill.
+    resumed_at = max(int(p.name[5:-6]) for p in checkpoints.glob("ckpt-*.index"))
+    metrics, err = finish(launcher, model_dir)
+    assert "worker-1 exited" in err and "ps-1 exited" in err
+
+    steps_expected = sum(-(-n // BATCH) for n in _split_rows(rows))
+    positions = _positions(checkpoints / f"ckpt-{resumed_at}")
+    done_rows = sum(
+        n if p == -1 else min(p * BATCH, n) for p, n in zip(positions, _split_rows(rows))
+    )
+    # The restarted chief (the metrics are its own) trained exactly the rest, each row once.
+    lost = rows - (done_rows + metrics["examples"])
+    after_restart_duplicates = metrics["examples_applied"] - metrics["examples"]
+    # Every step that ran before the checkpoint is in its global step: the steps beyond one
+    # per batch are the batches the killed worker's chunk trained twice.
+    duplicate_steps = metrics["steps"] - steps_expected
+    print(f"\nworker kill: {duplicate_steps} batches ({duplicate_steps * BATCH} rows) trained twice, "
+          f"bound {every // workers} batches ({every // workers * BATCH} rows); "
+          f"chief restart from step {resumed_at}: {lost} rows lost, {after_restart_duplicates} twice")
+    assert lost == 0 and after_restart_duplicates == 0
+    assert 0 <= duplicate_steps <= every // workers  # at most one chunk per killed worker
+    assert metrics["examples_read"] == metrics["examples"]
+
+
+def _split_rows(rows):
+    """Rows per synthetic split, worked out like `make_splits` (16 ranges of whole batches)."""
+    batches = -(-rows // BATCH)
+    count = min(16, batches)
+    bounds = [min(rows, (batches * i // count) * BATCH) for i in range(count + 1)]
+    return list(np.diff(bounds))
