@@ -1,7 +1,14 @@
 """recflow: large sparse recommendation models on TensorFlow, from a YAML config.
 
 Importing recflow selects Keras 2 (`tf_keras`) for TensorFlow: it sets
-`TF_USE_LEGACY_KERAS=1` before TensorFlow is first imported.
+`TF_USE_LEGACY_KERAS=1` before TensorFlow is first imported. TensorFlow itself
+loads on first use of the API:
+
+    recflow.train(config_or_path, model_dir=None, callbacks=None, overrides=None) -> metrics
+    recflow.evaluate(config_or_path, model_dir=None, overrides=None) -> metrics
+    recflow.export(config_or_path, model_dir=None, overrides=None, delta=False) -> path
+
+(`recflow.export` is also the export subpackage; calling it exports.)
 """
 
 import os
@@ -29,16 +36,23 @@ _LAZY = {
     "register_model": "recflow.models",
     "load_config": "recflow.config",
     "Config": "recflow.config",
+    "train": "recflow.api",
+    "evaluate": "recflow.api",
 }
 
 
 def __getattr__(name):
     # Public API without importing TensorFlow at `import recflow`.
-    if name in _LAZY:
-        import importlib
+    import importlib
 
+    if name == "export":  # the subpackage, callable: `recflow.export(config, ...)`
+        return importlib.import_module("recflow.export")
+    if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'recflow' has no attribute {name!r}")
 
 
-__all__ = ["Config", "RankingModel", "load_config", "register_model", "__version__"]
+__all__ = [
+    "Config", "RankingModel", "evaluate", "export", "load_config", "register_model", "train",
+    "__version__",
+]

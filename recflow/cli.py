@@ -137,46 +137,16 @@ def _load(args, check_data: bool = True):
 
 
 def _trainer(config, verbose=0):
-    if config.distribute.strategy == "parameter_server":
-        from recflow.distribute.cluster import read_tf_config, serve
+    from recflow.api import make_trainer
 
-        role = read_tf_config()
-        if not role.coordinates:
-            serve(role)  # ps and worker tasks serve until they are stopped
-            raise SystemExit(0)
-        from recflow.distribute.ps_trainer import PSTrainer
-
-        return PSTrainer(config, role, verbose=verbose)
-    from recflow.training.trainer import Trainer
-
-    return Trainer(config, verbose=verbose)
+    return make_trainer(config, verbose=verbose)
 
 
 def _writer(config, command: str):
-    """The model dir's writer lock (a context), after removing what killed writers left.
+    """The model dir's writer lock (a context); a no-op on PS and worker tasks."""
+    from recflow.api import writer
 
-    Parameter-server and worker tasks write nothing: they get a no-op context.
-    """
-    if config.distribute.strategy == "parameter_server":
-        from recflow.distribute.cluster import read_tf_config
-
-        if not read_tf_config().coordinates:
-            return contextlib.nullcontext()
-    from recflow.training import model_dir as model_dir_lib
-
-    @contextlib.contextmanager
-    def held():
-        with model_dir_lib.writer_lock(config.train.model_dir, command):
-            model_dir_lib.remove_stale_temps(config.train.model_dir)
-            yield
-
-    return held()
-
-
-def _require_checkpoint(trainer) -> None:
-    step = trainer.restore()
-    if step == 0:
-        raise RecflowError(f"{trainer.checkpoint_dir}: no checkpoint to read (train first)")
+    return writer(config, command)
 
 
 def _number(value) -> str:
@@ -257,32 +227,18 @@ def cmd_launch(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from recflow.atomic import write_json
+    from recflow.api import evaluate
 
     config = _load(args)
-    with _writer(config, "evaluate"):
-        trainer = _trainer(config)
-        _require_checkpoint(trainer)
-        result = trainer.evaluate()
-        result.pop("eval_bad_records", None)
-        result["steps"] = int(trainer.model.global_step)
-        path = os.path.join(trainer.model_dir, "metrics.json")
-        merged = {}
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                merged = json.load(f)
-        merged.update(result)
-        write_json(path, merged)
-    print(_format_metrics(result))
+    print(_format_metrics(evaluate(config)))
     return 0
 
 
 def cmd_export(args) -> int:
+    from recflow.api import export
+
     config = _load(args)
-    with _writer(config, "export"):
-        trainer = _trainer(config)
-        _require_checkpoint(trainer)
-        print(trainer.write_delta() if args.delta else trainer.export())
+    print(export(config, delta=args.delta))
     return 0
 
 

@@ -1,0 +1,185 @@
+"""The Python API: train, evaluate and export from a notebook or a script.
+
+    >>> import recflow
+    >>> metrics = recflow.train("configs/deepfm_demo.yaml", model_dir="runs/nb",
+    ...                         overrides={"train.epochs": 1}, callbacks=[MyCallback()])
+    >>> recflow.evaluate("configs/deepfm_demo.yaml", model_dir="runs/nb")["auc"]
+    >>> recflow.export("configs/deepfm_demo.yaml", model_dir="runs/nb")   # the export dir
+
+Each call does what the matching `recflow` command does (the same model-dir
+lock, checks and files) and returns its result instead of printing it. Under
+`distribute.strategy: parameter_server` the process must be the chief of its
+TF_CONFIG cluster (`recflow launch` runs the other tasks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+
+from recflow.config.schema import Config
+from recflow.errors import RecflowError
+
+
+def load(config_or_path, model_dir: str | None = None, overrides=None) -> Config:
+    """A validated config from a YAML path or a `Config`, with overrides and the model dir.
+
+    Args:
+        config_or_path: a config file path or a `recflow.Config`.
+        model_dir: overrides `train.model_dir`.
+        overrides: `{"train.steps": 100}` or `["train.steps=100"]` (values as YAML,
+            like `--set`).
+
+    Raises:
+        RecflowError: a bad config or override, naming the offending path.
+    """
+    from recflow.config.convert import to_dict
+    from recflow.config.loader import apply_overrides, config_from_dict, load_config
+
+    items = _override_items(overrides)
+    if model_dir is not None:
+        items.append(f"train.model_dir={json.dumps(os.fspath(model_dir))}")
+    if isinstance(config_or_path, Config):
+        return config_from_dict(apply_overrides(to_dict(config_or_path), items))
+    if isinstance(config_or_path, (str, os.PathLike)):
+        return load_config(os.fspath(config_or_path), items)
+    raise RecflowError(
+        f"expected a config file path or a recflow.Config, got {type(config_or_path).__name__}"
+    )
+
+
+def _override_items(overrides) -> list[str]:
+    if overrides is None:
+        return []
+    if isinstance(overrides, Mapping):
+        return [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+    if isinstance(overrides, str) or not isinstance(overrides, Iterable):
+        raise RecflowError("overrides: expected a mapping or a list of 'key=value' strings")
+    return list(overrides)
+
+
+def make_trainer(config: Config, verbose: int = 0, callbacks=None):
+    """The trainer of a config: a `Trainer`, or a `PSTrainer` on the chief of a PS cluster.
+
+    A PS or worker task (from TF_CONFIG) serves until it is stopped and then exits.
+    """
+    if config.distribute.strategy == "parameter_server":
+        from recflow.distribute.cluster import read_tf_config, serve
+
+        role = read_tf_config()
+        if not role.coordinates:
+            serve(role)  # ps and worker tasks serve until they are stopped
+            raise SystemExit(0)
+        from recflow.distribute.ps_trainer import PSTrainer
+
+        return PSTrainer(config, role, verbose=verbose, callbacks=callbacks)
+    from recflow.training.trainer import Trainer
+
+    return Trainer(config, verbose=verbose, callbacks=callbacks)
+
+
+def is_chief(config: Config) -> bool:
+    """Whether this process writes the model dir (every task but PS and worker tasks)."""
+    if config.distribute.strategy != "parameter_server":
+        return True
+    from recflow.distribute.cluster import read_tf_config
+
+    return read_tf_config().coordinates
+
+
+@contextmanager
+def writer(config: Config, command: str):
+    """Holds the model dir's writer lock after removing what killed writers left
+    (nothing for PS and worker tasks, which write nothing)."""
+    if not is_chief(config):
+        yield
+        return
+    from recflow.training import model_dir as model_dir_lib
+
+    with model_dir_lib.writer_lock(config.train.model_dir, command):
+        model_dir_lib.remove_stale_temps(config.train.model_dir)
+        yield
+
+
+def _checked(config_or_path, model_dir, overrides) -> Config:
+    from recflow.data import check_sources
+
+    config = load(config_or_path, model_dir, overrides)
+    check_sources(config)
+    return config
+
+
+def train(config_or_path, model_dir: str | None = None, callbacks=None, overrides=None, verbose: int = 0) -> dict:
+    """Trains (resuming from the model dir's latest checkpoint), evaluates and exports.
+
+    Args:
+        config_or_path: a config file path or a `recflow.Config`.
+        model_dir: overrides `train.model_dir`.
+        callbacks: `tf_keras.callbacks.Callback`s run after the built-in ones each
+            step (`on_train_batch_end(global_step, logs)`, `on_epoch_end`, ...); one
+            may stop training with `self.model.stop_training = True`. SIGTERM and
+            SIGINT (Ctrl-C, a notebook's interrupt) stop training after the current
+            step with a final checkpoint (`StopOnSignal`).
+        overrides: config overrides (see `load`).
+        verbose: 1 shows a progress bar.
+
+    Returns:
+        The metrics written to `MODEL_DIR/metrics.json` (or `already_done: True`
+        when the model dir's run is complete).
+    """
+    from recflow.training.callbacks import StopOnSignal
+
+    config = _checked(config_or_path, model_dir, overrides)
+    with writer(config, "train"):
+        trainer = make_trainer(config, verbose, [StopOnSignal(), *(callbacks or [])])
+        return trainer.run()
+
+
+def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> dict:
+    """Evaluates the latest checkpoint; merges the metrics into `metrics.json` and returns them.
+
+    Raises:
+        RecflowError: the model dir has no checkpoint.
+    """
+    from recflow.atomic import write_json
+
+    config = _checked(config_or_path, model_dir, overrides)
+    with writer(config, "evaluate"):
+        trainer = make_trainer(config)
+        require_checkpoint(trainer)
+        result = trainer.evaluate()
+        result.pop("eval_bad_records", None)
+        result["steps"] = int(trainer.model.global_step)
+        path = os.path.join(trainer.model_dir, "metrics.json")
+        merged = {}
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as f:
+                merged = json.load(f)
+        merged.update(result)
+        write_json(path, merged)
+    return result
+
+
+def export(config_or_path, model_dir: str | None = None, overrides=None, delta: bool = False) -> str:
+    """Writes `export/<step>/` (or `deltas/<step>/` with `delta`) from the latest checkpoint;
+    returns its path.
+
+    Also reachable as `recflow.export(...)`: the `recflow.export` subpackage is callable.
+
+    Raises:
+        RecflowError: the model dir has no checkpoint.
+    """
+    config = _checked(config_or_path, model_dir, overrides)
+    with writer(config, "export"):
+        trainer = make_trainer(config)
+        require_checkpoint(trainer)
+        return trainer.write_delta() if delta else trainer.export()
+
+
+def require_checkpoint(trainer) -> None:
+    """Restores the latest checkpoint; raises RecflowError when there is none."""
+    step = trainer.restore()
+    if step == 0:
+        raise RecflowError(f"{trainer.checkpoint_dir}: no checkpoint to read (train first)")
