@@ -80,7 +80,7 @@ class ServingModule(tf.Module):
 
         def serve(raw):
             logits = model._logits_by_head(model.tower(embed(raw), training=False))
-            return {h.output: tf.reshape(h.activate(logits[h.name]), [-1, 1]) for h in model.heads}
+            return {h.output: h.export_output(logits[h.name]) for h in model.heads}
 
         def signature(names):
             features = [config.feature(n) for n in names]

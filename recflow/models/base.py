@@ -4,9 +4,11 @@ The base owns feature transforms, the dynamic embeddings (fused, sharded),
 the task heads and their losses, `train_step`, and the inputs the tower sees:
 
     categorical, multi_hot  [B, dim]          pooled embedding
-    sequence                [B, max_len, dim] and "<name>/mask" [B, max_len] bool
+    sequence                [B, max_len, dim] and mask_key(name) [B, max_len] bool
     numeric                 [B, 1]            normalized
-    "<name>/linear"         [B, 1]            first-order weight (when `first_order = True`)
+    linear_key(name)        [B, 1]            first-order weight (when `first_order = True`)
+
+(`recflow.models.mask_key` / `linear_key` name those inputs.)
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recflow.config.schema import Config
-from recflow.embedding.engine import MASK_OUTPUT, EmbeddingEngine
+from recflow.embedding.engine import EmbeddingEngine
 from recflow.embedding.placement import Placement
 from recflow.features.transform import transform
 from recflow.models.heads import Head, heads_for
+from recflow.models.inputs import feature_of, linear_key, mask_key
 
 
 class RankingModel(keras.Model):
@@ -68,7 +71,7 @@ class RankingModel(keras.Model):
                 continue
             value = inputs[feature.name]
             if feature.kind == "sequence":
-                mask = tf.cast(inputs[feature.name + MASK_OUTPUT], value.dtype)[:, :, None]
+                mask = tf.cast(inputs[mask_key(feature.name)], value.dtype)[:, :, None]
                 value = tf.reduce_sum(value * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
             out.append(value)
         return out
@@ -80,7 +83,7 @@ class RankingModel(keras.Model):
 
     def first_order_logit(self, inputs: dict) -> tf.Tensor:
         """Sum of the sparse features' first-order weights, `[B, 1]`."""
-        weights = [inputs[f.name + "/linear"] for f in self.config.sparse_features]
+        weights = [inputs[linear_key(f.name)] for f in self.config.sparse_features]
         return tf.add_n(weights)
 
     # ------------------------------------------------------------------ forward
@@ -92,13 +95,9 @@ class RankingModel(keras.Model):
         return ids, dense
 
     def _logits_by_head(self, outputs) -> dict:
-        if self.heads[0].type == "retrieval":  # one head; outputs {"query": .., "candidate": ..}
-            return {self.heads[0].name: outputs}
-        if isinstance(outputs, dict):
-            return {h.name: outputs[h.name] for h in self.heads}
-        if len(self.heads) != 1:
+        if len(self.heads) != 1 and not isinstance(outputs, dict):
             raise ValueError("a multi-task tower must return {task_name: logits}")
-        return {self.heads[0].name: outputs}
+        return {h.name: h.logits_of(outputs) for h in self.heads}
 
     def call(self, features: dict, training: bool = False) -> dict:
         """Transformed features -> {head output name: activated prediction [B, 1]}."""
@@ -237,7 +236,7 @@ class RetrievalModel(RankingModel):
     def side_tower(self, side: str, inputs: dict, training: bool = False) -> tf.Tensor:
         """The embeddings of one side ("query" or "candidate") from all tower inputs."""
         names = self.query_features if side == "query" else self.candidate_features
-        own = {k: v for k, v in inputs.items() if k.split("/")[0] in names}  # "<name>/mask" too
+        own = {k: v for k, v in inputs.items() if feature_of(k) in names}  # masks too
         tower = self.query_tower if side == "query" else self.candidate_tower
         return tower(own, training=training)
 

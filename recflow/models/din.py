@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from recflow.embedding.engine import MASK_OUTPUT
 from recflow.layers import DNN, DinAttention, MaskedMeanPooling
 from recflow.models.base import RankingModel
+from recflow.models.inputs import mask_key
 from recflow.models.registry import register_model
 
 _UNIT_KEYS = ("query", "keys", "hidden_units", "activation", "softmax")
@@ -69,10 +69,10 @@ class DIN(RankingModel):
                 continue
             value = inputs[feature.name]
             if feature.kind == "sequence":
-                value = self.mean_pooling(value, mask=inputs[feature.name + MASK_OUTPUT])
+                value = self.mean_pooling(value, mask=inputs[mask_key(feature.name)])
             fields.append(value)
         for unit, attention in zip(self.units, self.attention):
-            mask = inputs[unit.keys + MASK_OUTPUT]
+            mask = inputs[mask_key(unit.keys)]
             fields.append(
                 attention(inputs[unit.query], inputs[unit.keys], mask=mask, training=training)
             )

@@ -1,4 +1,8 @@
-"""Task heads: loss, output activation and serving output name per task."""
+"""Task heads, one class per task type: loss, output activation, metrics, serving output.
+
+`heads_for(config)` builds them; `RankingModel` sums their weighted losses and
+returns `{head.output: head.activate(logits)}`.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +11,106 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from recflow.config.schema import Config
+from recflow.config.schema import Config, TaskConfig
 
 
 @dataclass(frozen=True)
 class Head:
-    name: str  # the tower's output key for multi-task models
-    type: str  # binary | regression | retrieval
+    """A task head: its label, loss, output activation, metrics and serving output.
+
+    Args:
+        name: the tower's output key for multi-task models (and the output name).
+        label: the label column.
+        weight: the loss weight in a multi-task sum.
+    """
+
+    name: str
     label: str
     weight: float = 1.0
-    temperature: float | None = None  # retrieval: softmax over dot products / temperature
-    logq_correction: bool = True  # retrieval: correct for in-batch candidate frequency
+    type = ""  # the `task.type` this head implements (class attribute)
 
     @property
     def output(self) -> str:
-        """Name of this head's tensor in the serving signature."""
+        """Name of this head's tensor in the model's output and the serving signature."""
         return self.name
 
+    def logits_of(self, outputs):
+        """This head's logits from the tower's output (a tensor, or `{task name: logits}`)."""
+        return outputs[self.name] if isinstance(outputs, dict) else outputs
+
     def loss(self, labels: tf.Tensor, logits) -> tf.Tensor:
-        if self.type == "retrieval":  # logits: {"query": [B, d], "candidate": [B, d]}
-            return retrieval_loss(
-                labels, logits["query"], logits["candidate"], self.temperature, self.logq_correction
-            )
-        labels = tf.reshape(tf.cast(labels, tf.float32), [-1])
-        logits = tf.reshape(logits, [-1])
-        if self.type == "binary":
-            return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
-        return tf.reduce_mean(tf.square(logits - labels))
+        """The mean loss of a batch."""
+        raise NotImplementedError
 
     def activate(self, logits: tf.Tensor) -> tf.Tensor:
-        return tf.sigmoid(logits) if self.type == "binary" else logits
+        """Logits -> the prediction."""
+        return logits
+
+    def export_output(self, logits: tf.Tensor) -> tf.Tensor:
+        """The serving output, `[batch, 1]`."""
+        return tf.reshape(self.activate(logits), [-1, 1])
+
+    def metric_names(self, task: TaskConfig) -> tuple[str, ...]:
+        """The metrics evaluated for this head (`task.metrics` that apply, or the defaults)."""
+        return task.metric_names(self.type)
+
+
+def _flat(labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    return tf.reshape(tf.cast(labels, tf.float32), [-1]), tf.reshape(logits, [-1])
+
+
+@dataclass(frozen=True)
+class BinaryHead(Head):
+    """A click (0/1) head: sigmoid cross-entropy, a probability."""
+
+    type = "binary"
+
+    def loss(self, labels, logits):
+        labels, logits = _flat(labels, logits)
+        return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels, logits))
+
+    def activate(self, logits):
+        return tf.sigmoid(logits)
+
+
+@dataclass(frozen=True)
+class RegressionHead(Head):
+    """A real-valued head: mean squared error, the logit itself."""
+
+    type = "regression"
+
+    def loss(self, labels, logits):
+        labels, logits = _flat(labels, logits)
+        return tf.reduce_mean(tf.square(logits - labels))
+
+
+@dataclass(frozen=True)
+class RetrievalHead(Head):
+    """A two-tower head: in-batch softmax over query-candidate dot products
+    (`retrieval_loss`); its logits are the tower's `{"query", "candidate"}` embeddings.
+
+    Args:
+        temperature: the dot products are divided by it (None: 1).
+        logq_correction: correct for in-batch candidate frequency.
+    """
+
+    temperature: float | None = None
+    logq_correction: bool = True
+    type = "retrieval"
+
+    def logits_of(self, outputs):
+        return outputs  # {"query": [B, d], "candidate": [B, d]}
+
+    def loss(self, labels, logits):
+        return retrieval_loss(
+            labels, logits["query"], logits["candidate"], self.temperature, self.logq_correction
+        )
+
+    def export_output(self, logits):
+        raise NotImplementedError("a retrieval model exports a query and a candidate signature")
+
+
+HEADS = {cls.type: cls for cls in (BinaryHead, RegressionHead, RetrievalHead)}
 
 
 def in_batch_candidates(candidate: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -104,10 +178,9 @@ def retrieval_loss(
 
 
 def heads_for(config: Config) -> list[Head]:
+    """The heads of a config's task: one per task of a multi-task config."""
     task = config.task
     if task.type == "multitask":
-        return [Head(t.name, t.type, t.label, t.weight) for t in task.tasks]
-    if task.type == "retrieval":
-        return [Head("embeddings", "retrieval", config.data.label[0])]
-    name = "probability" if task.type == "binary" else "prediction"
-    return [Head(name, task.type, config.data.label[0])]
+        return [HEADS[t.type](t.name, t.label, t.weight) for t in task.tasks]
+    name = {"binary": "probability", "regression": "prediction", "retrieval": "embeddings"}[task.type]
+    return [HEADS[task.type](name, config.data.label[0])]

@@ -26,6 +26,7 @@ from recflow.export.saved_model import export_saved_model
 from recflow.features import fit
 from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
+from recflow.models.heads import RetrievalHead
 from recflow.training import metrics as metrics_lib
 from recflow.training import model_dir as model_dir_lib
 from recflow.training.callbacks import CallbackList, default_callbacks
@@ -402,7 +403,7 @@ class Trainer:
         config = self.config
         split = "eval" if (config.data.eval or config.data.format == "synthetic") else "train"
         model = self.model
-        if model.heads[0].type == "retrieval":
+        if isinstance(model.heads[0], RetrievalHead):
             return self._evaluate_retrieval(split)
         dataset = self.dataset(split, epochs=1, shuffle=False)
         predict = tf.function(
@@ -429,7 +430,7 @@ class Trainer:
             result["eval_examples"] = int(y.size)
             g = np.concatenate(groups) if groups else None
             prefix = "" if len(model.heads) == 1 else f"{head.name}/"
-            for name in config.task.metric_names(head.type):
+            for name in head.metric_names(config.task):
                 value = metrics_lib.compute(name, y, p, g) if y.size else float("nan")
                 result[prefix + name] = round(value, 6)
         result["eval_bad_records"] = bad
@@ -469,7 +470,7 @@ class Trainer:
         result["eval_candidates"] = int(first.size)
         if positive.any():
             q, c = np.concatenate(queries)[positive], np.concatenate(candidates)[first]
-        for name in config.task.metric_names(head.type):
+        for name in head.metric_names(config.task):
             k = int(name.partition("@")[2])
             value = metrics_lib.recall_at_k(q, c, index[positive], k) if positive.any() else np.nan
             result[name] = round(float(value), 6)
