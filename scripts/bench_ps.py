@@ -1,14 +1,26 @@
-"""Parameter-server scaling on this machine, and how fusion scales with the PS count.
+"""Parameter-server training on loopback: input read once, per-step traffic, shard balance,
+and a paper model of how steps/s scales with workers.
 
-1. steps/s of the same job single-process, on 1 PS + 1 worker and on 2 PS + 2 workers
-   (real `recflow launch` clusters on loopback; the chief's own training time).
-2. From the traced train step on an in-process cluster of N PS tasks: the number of
-   table lookups and inserts that cross to a PS per step, fused vs unfused.
+Per setup (1 PS + 1 worker, 2 + 2, 4 + 4; real `recflow launch` clusters on loopback):
 
-    python scripts/bench_ps.py [--steps 200] [--batch 512] [--max-ps 4]
+1. One epoch: steps, seconds, examples trained and `examples_read` (rows read from
+   the data by all workers; 1.00x the rows means each row was read once).
+2. Per step and worker, from the traced train step on an in-process cluster of P PS
+   tasks (DESIGN.md section 7: one lookup and one insert per physical table and shard):
+   tensor transfers between the worker and the PS tasks (each cross-device edge of the
+   step graph is one RecvTensor RPC in TF's gRPC runtime; remote ops are counted too)
+   and bytes moved, from a real batch's unique keys per shard, the packed row width and
+   the dense variables (read, then gradients pushed).
+3. Keys per shard under Zipf ids (a = 1.1 over 10^6 ids, batch keys): distinct keys per
+   shard per step, max / mean.
 
-Prints a table and a final JSON line. On 2 cores more processes mostly add
-RPC and scheduling overhead: the numbers are honest, not a scaling claim.
+Then a paper model (not a measurement: this machine has 2 cores, so every extra
+process competes for them) of steps/s against workers, from those per-step costs,
+the single-process compute time per step measured here, and a stated network.
+
+    python scripts/bench_ps.py [--rows 40000] [--batch 512]
+
+Prints tables and a final JSON line.
 """
 
 from __future__ import annotations
@@ -23,14 +35,18 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "deepfm_demo.yaml")
+SETUPS = ((1, 1), (2, 2), (4, 4))
+# The network of the paper model.
+BANDWIDTH = 10e9 / 8  # bytes/s per task (10 Gbit/s NIC, full duplex)
+LATENCY = 100e-6  # s per sequential RPC round
+ROUNDS = 3  # sequential rounds per step: lookups, dense reads, then inserts + gradient pushes
 
 
-def settings(steps: int, batch: int) -> list[str]:
+def settings(rows: int, batch: int) -> list[str]:
     return [
-        "data.synthetic={rows: 100000, eval_rows: 2000, seed: 7, schema: demo}",
+        f"data.synthetic={{rows: {rows}, eval_rows: 2000, seed: 7, schema: demo}}",
         f"data.batch_size={batch}",
-        "train.epochs=null",
-        f"train.steps={steps}",
+        "train.epochs=1",
         "train.checkpoint_every_steps=null",
         "model.params={dnn: {hidden_units: [64, 32]}}",
     ]
@@ -44,13 +60,39 @@ def run_job(command: str, model_dir: str, extra: list[str], sets: list[str]) -> 
         args.append("--quiet")
     subprocess.run(args, check=True, cwd=REPO, capture_output=True, text=True)
     with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
-        metrics = json.load(f)
-    return {"steps": metrics["steps"], "seconds": metrics["train_seconds"],
-            "steps_per_sec": round(metrics["steps"] / metrics["train_seconds"], 2)}
+        m = json.load(f)
+    return {
+        "steps": m["steps"], "seconds": m["train_seconds"],
+        "steps_per_sec": round(m["steps"] / m["train_seconds"], 2),
+        "examples": m["examples"], "examples_read": m["examples_read"],
+    }
 
 
-def op_counts(max_ps: int) -> list[dict]:
-    """Cross-process lookups/inserts per step from the traced graph, fused vs unfused."""
+def _device_of(node, names: dict) -> str:
+    """`ps:i` for a node on PS task i, else `worker` (the step's own device)."""
+    device = node.device
+    if "/job:ps" in device:
+        return "ps:" + device.split("/task:")[1].split("/")[0]
+    return "worker"
+
+
+def _transfers(graph_def) -> int:
+    """Cross-device edges (data and control) of the step graph and its functions."""
+    total = 0
+    bodies = [list(graph_def.node)] + [list(f.node_def) for f in graph_def.library.function]
+    for nodes in bodies:
+        devices = {n.name: _device_of(n, {}) for n in nodes}
+        for n in nodes:
+            for source in n.input:
+                name = source.lstrip("^").split(":")[0]
+                if name in devices and devices[name] != devices[n.name]:
+                    total += 1
+    return total
+
+
+def step_costs(batch: int, ps_counts: list[int]) -> list[dict]:
+    """Per-step transfers and bytes between one worker and the PS tasks, per PS count."""
+    import numpy as np
     import tensorflow as tf
 
     import recflow  # noqa: F401  (Keras 2)
@@ -63,66 +105,134 @@ def op_counts(max_ps: int) -> list[dict]:
     from recflow.models import build_model
     from recflow.training.trainer import make_dense_optimizer
 
-    ports = free_ports(max_ps + 1)
+    most = max(ps_counts)
+    ports = free_ports(most + 1)
     cluster = tf.train.ClusterSpec(
         {"ps": [f"localhost:{p}" for p in ports[1:]], "chief": [f"localhost:{ports[0]}"]}
     )
-    servers = [tf.distribute.Server(cluster, job_name="ps", task_index=i) for i in range(max_ps)]
+    servers = [tf.distribute.Server(cluster, job_name="ps", task_index=i) for i in range(most)]
     tf.config.experimental_connect_to_cluster(cluster, job_name="chief")
+    config = load_config(CONFIG, [f"data.batch_size={batch}", "model.params={dnn: {hidden_units: [64, 32]}}"])
+    features, labels, bad = next(iter(make_dataset(config, "train", epochs=1).take(1)))
+    batch_data = (transform(config, features), labels, bad)
     rows = []
-    for fusion in (True, False):
-        for num_ps in sorted({1, 2, max_ps}):
-            config = load_config(CONFIG, [f"embedding.fusion={str(fusion).lower()}"])
-            devices = ps_devices(max_ps)[:num_ps]
-            model = build_model(config, ModPlacement(num_ps, devices))
-            model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
-            ds = make_dataset(config, "train", epochs=1).take(1)
-            features, labels, bad = next(iter(ds))
-            batch = (transform(config, features), labels, bad)
-            graph = tf.function(model.train_step, autograph=False).get_concrete_function(batch).graph
-            nodes = list(graph.as_graph_def().node)
-            for fn in graph.as_graph_def().library.function:
-                nodes += list(fn.node_def)
-            remote = [n for n in nodes if "/job:ps" in n.device]
-            rows.append({
-                "fusion": fusion,
-                "num_ps": num_ps,
-                "physical_tables": len(model.embedding.physical_tables),
-                "lookups": sum(n.op == "LookupTableFindV2" for n in remote),
-                "inserts": sum(n.op == "LookupTableInsertV2" for n in remote),
-            })
+    for num_ps in ps_counts:
+        placement = ModPlacement(num_ps, ps_devices(most)[:num_ps])
+        model = build_model(config, placement)
+        model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
+        graph = tf.function(model.train_step, autograph=False).get_concrete_function(batch_data).graph
+        transfers = _transfers(graph.as_graph_def())
+        ids, _ = model.split_features(batch_data[0])
+        sparse_bytes, keys_per_shard = 0, np.zeros(num_ps, np.int64)
+        for table in model.embedding.physical_tables:
+            keys, _ = tf.unique(model.embedding._keys(table, ids))
+            shards = np.bincount(placement.shard_of(keys).numpy(), minlength=num_ps)
+            keys_per_shard += shards
+            width = table.layout.width
+            # lookup: keys out, packed rows back; insert: keys and packed rows out.
+            sparse_bytes += int(shards.sum()) * (8 + 4 * width + 8 + 4 * width)
+        dense = sum(int(np.prod(v.shape)) * v.dtype.size for v in model.trainable_variables)
+        rows.append({
+            "num_ps": num_ps,
+            "transfers_per_step": transfers,
+            "sparse_bytes_per_step": sparse_bytes,
+            "dense_bytes_per_step": 2 * dense,  # weights read, gradients pushed
+            "bytes_per_step": sparse_bytes + 2 * dense,
+            "keys_per_shard": keys_per_shard.tolist(),
+        })
     del servers
     return rows
 
 
+def zipf_balance(batch: int, shard_counts: list[int], steps: int = 50) -> list[dict]:
+    """Distinct keys per shard per step for Zipf(1.1) ids over 10^6 values."""
+    import numpy as np
+    import tensorflow as tf
+
+    from recflow.embedding.placement import ModPlacement
+    from recflow.features.keys import encode, int_ids
+
+    rng = np.random.default_rng(0)
+    out = []
+    for shards in shard_counts:
+        placement = ModPlacement(shards)
+        worst, per = [], np.zeros(shards)
+        for _ in range(steps):
+            ids = (rng.zipf(1.1, size=batch) - 1) % 1_000_000
+            keys = np.unique(encode(int_ids(tf.constant(ids, tf.int64)), 0).numpy())
+            counts = np.bincount(placement.shard_of(tf.constant(keys)).numpy(), minlength=shards)
+            worst.append(counts.max() / counts.mean())
+            per += counts
+        out.append({
+            "shards": shards,
+            "keys_per_shard_per_step": [round(float(c), 1) for c in per / steps],
+            "max_over_mean": round(float(np.mean(worst)), 3),
+        })
+    return out
+
+
+def paper_model(local_step_s: float, cost: dict, workers: int, ps: int) -> float:
+    """Steps/s of the cluster: each worker's step = compute + RPC rounds + its bytes over its
+    NIC; the PS tasks together move every worker's bytes over their NICs."""
+    per_worker = local_step_s + ROUNDS * LATENCY + cost["bytes_per_step"] / BANDWIDTH
+    return min(workers / per_worker, ps * BANDWIDTH / cost["bytes_per_step"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--rows", type=int, default=40_000)
     parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--max-ps", type=int, default=4)
-    parser.add_argument("--skip-clusters", action="store_true", help="only count ops")
+    parser.add_argument("--skip-clusters", action="store_true", help="only the per-step costs")
     args = parser.parse_args()
 
-    sets = settings(args.steps, args.batch)
+    sets = settings(args.rows, args.batch)
     speed = {}
-    if not args.skip_clusters:
-        with tempfile.TemporaryDirectory() as tmp:
-            speed["single process"] = run_job("train", os.path.join(tmp, "local"), [], sets)
-            for ps, workers in ((1, 1), (2, 2)):
-                name = f"{ps} PS + {workers} workers"
+    with tempfile.TemporaryDirectory() as tmp:
+        speed["single process"] = run_job("train", os.path.join(tmp, "local"), [], sets)
+        if not args.skip_clusters:
+            for ps, workers in SETUPS:
                 extra = ["--ps", str(ps), "--workers", str(workers)]
-                speed[name] = run_job("launch", os.path.join(tmp, f"ps{ps}"), extra, sets)
-        print(f"{'setup':<22} {'steps':>6} {'seconds':>8} {'steps/s':>8}")
-        for name, r in speed.items():
-            print(f"{name:<22} {r['steps']:>6} {r['seconds']:>8.1f} {r['steps_per_sec']:>8.2f}")
-        print()
+                speed[f"{ps} PS + {workers} workers"] = run_job(
+                    "launch", os.path.join(tmp, f"ps{ps}"), extra, sets
+                )
+    print(f"one epoch of {args.rows} rows, batch {args.batch} (2 cores: every process shares them)")
+    print(f"{'setup':<22} {'steps':>6} {'seconds':>8} {'steps/s':>8} {'examples':>9} "
+          f"{'examples_read':>14} {'read/rows':>9}")
+    for name, r in speed.items():
+        print(f"{name:<22} {r['steps']:>6} {r['seconds']:>8.1f} {r['steps_per_sec']:>8.2f} "
+              f"{r['examples']:>9} {r['examples_read']:>14} {r['examples_read'] / args.rows:>9.3f}")
+    print()
 
-    counts = op_counts(args.max_ps)
-    print(f"{'fusion':<7} {'PS':>3} {'physical tables':>16} {'PS lookups/step':>16} {'PS inserts/step':>16}")
-    for r in counts:
-        print(f"{str(r['fusion']):<7} {r['num_ps']:>3} {r['physical_tables']:>16} "
-              f"{r['lookups']:>16} {r['inserts']:>16}")
-    print(json.dumps({"bench": "ps", "batch": args.batch, "speed": speed, "ops": counts}))
+    costs = step_costs(args.batch, [ps for ps, _ in SETUPS])
+    print(f"per step and worker, batch {args.batch}")
+    print(f"{'PS':>3} {'transfers':>10} {'sparse KB':>10} {'dense KB':>9} {'total KB':>9}  keys per shard")
+    for c in costs:
+        print(f"{c['num_ps']:>3} {c['transfers_per_step']:>10} {c['sparse_bytes_per_step'] / 1e3:>10.1f} "
+              f"{c['dense_bytes_per_step'] / 1e3:>9.1f} {c['bytes_per_step'] / 1e3:>9.1f}  {c['keys_per_shard']}")
+    print()
+
+    balance = zipf_balance(4096, [ps for ps, _ in SETUPS])
+    print("Zipf(1.1) ids, 4096 per step: distinct keys per shard per step")
+    for b in balance:
+        print(f"{b['shards']:>3} shards: {b['keys_per_shard_per_step']}  max/mean {b['max_over_mean']}")
+    print()
+
+    local_step = 1.0 / speed["single process"]["steps_per_sec"]
+    by_ps = {c["num_ps"]: c for c in costs}
+    print(f"paper model (not a measurement): compute {local_step * 1e3:.1f} ms/step (single process here), "
+          f"{BANDWIDTH * 8 / 1e9:.0f} Gbit/s per task, {LATENCY * 1e6:.0f} us x {ROUNDS} RPC rounds per step")
+    print(f"{'workers':>8} {'PS':>3} {'steps/s':>9} {'examples/s':>11}")
+    model_rows = []
+    for workers in (1, 2, 4, 8, 16, 32, 64):
+        ps = min(workers, 4)
+        cost = dict(by_ps[ps])
+        rate = paper_model(local_step, cost, workers, ps)
+        model_rows.append({"workers": workers, "ps": ps, "steps_per_sec": round(rate, 1)})
+        print(f"{workers:>8} {ps:>3} {rate:>9.1f} {rate * args.batch:>11.0f}")
+    print(json.dumps({
+        "bench": "ps", "rows": args.rows, "batch": args.batch, "speed": speed, "step_costs": costs,
+        "zipf_balance": balance, "paper_model": model_rows,
+    }))
 
 
 if __name__ == "__main__":

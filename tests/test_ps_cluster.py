@@ -13,8 +13,8 @@ import numpy as np
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 STEPS = 240
 SETTINGS = [
-    # 240 steps stay inside the first pass (each row is read once per epoch), so some
-    # items are seen only once and wait for admission.
+    # 240 steps stay inside the first pass (each row is read once per epoch), where
+    # about half the users are seen once: they wait for admission.
     "data.synthetic={rows: 20000, eval_rows: 500, seed: 11, schema: demo}",
     "data.batch_size=64",
     "train.epochs=null",
@@ -23,6 +23,7 @@ SETTINGS = [
     "model.params={dnn: {hidden_units: [8]}}",
     # Admission and eviction: every checkpoint rebuilds each shard on its PS.
     "tables.item.admission={min_count: 2}",
+    "tables.user.admission={min_count: 2}",
     "tables.user.eviction={ttl_steps: 60}",
 ]
 
@@ -83,7 +84,7 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
         shards = tables[name]["shards"]
         assert len(shards) == 2 and min(shards) > 0, (name, shards)
         assert sum(shards) == tables[name]["keys"]
-    assert tables["item"]["waiting_keys"] > 0
+    assert tables["user"]["waiting_keys"] > 0
     from recflow.embedding.report import restore_engine
 
     rows = restore_engine(str(model_dir)).logical_rows()
@@ -91,7 +92,7 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
         assert np.unique(logical.ids).size == logical.ids.size, f"{name}: an id held twice"
     # ttl 60 at the final checkpoint (step 240): no user row was last seen at step 180 or before.
     assert rows["user"].last_step.min() > STEPS - 60
-    assert rows["item"].count.min() >= 2  # admitted keys only
+    assert rows["item"].count.min() >= 2 and rows["user"].count.min() >= 2  # admitted keys only
 
     # The export serves in plain TensorFlow.
     export = model_dir / "export" / str(STEPS)

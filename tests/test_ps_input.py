@@ -1,6 +1,6 @@
 """Input semantics of parameter-server training on a real loopback cluster (`recflow launch`).
 
-- A 2-worker epoch over 4 CSV files reads every row once and trains every row once.
+- 2 workers, 2 epochs over 4 CSV files: each epoch reads every row once and trains it once.
 - A worker killed mid-epoch: at-least-once; the rows trained twice are counted
   (`examples_applied - examples`) and stay within one chunk per kill; none are lost.
 - A chief restarted from a checkpoint (a killed PS restarts it): exact; the
@@ -66,17 +66,17 @@ def test_two_workers_read_and_train_each_row_once(tmp_path, csv_files):
     model_dir = tmp_path / "files"
     launcher = launch(model_dir, [
         "data.format=csv", f"data.train={root}/part-*.csv", f"data.eval={root}/eval.csv",
-        "train.checkpoint_every_steps=20",
+        "train.checkpoint_every_steps=20", "train.epochs=2",
     ])
     metrics, _ = finish(launcher, model_dir)
     rows = sum(sizes)
-    print(f"\nrows {rows}: examples_read {metrics['examples_read']}, examples {metrics['examples']}, "
-          f"examples_applied {metrics['examples_applied']}, steps {metrics['steps']}")
-    assert metrics["examples_read"] <= 1.05 * rows
-    assert abs(metrics["examples"] - rows) < BATCH
-    assert metrics["examples"] == metrics["examples_applied"] == rows  # no failure: each row once
+    print(f"\n2 epochs of {rows} rows: examples_read {metrics['examples_read']}, examples "
+          f"{metrics['examples']}, examples_applied {metrics['examples_applied']}, steps {metrics['steps']}")
+    assert metrics["examples_read"] <= 2 * 1.05 * rows
+    assert abs(metrics["examples"] - 2 * rows) < BATCH
+    assert metrics["examples"] == metrics["examples_applied"] == 2 * rows  # no failure: each row once
     # One step per batch of each file (a file's last batch is smaller), none twice.
-    assert metrics["steps"] == sum(-(-n // BATCH) for n in sizes)
+    assert metrics["steps"] == 2 * sum(-(-n // BATCH) for n in sizes)
     # Checkpoints fire at the first wave end at or after each multiple of 20 steps.
     saved = sorted(int(p.name[5:-6]) for p in (model_dir / "checkpoints").glob("ckpt-*.index"))
     assert saved[-1] == metrics["steps"]
