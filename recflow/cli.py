@@ -9,7 +9,6 @@ hidden unless RECFLOW_DEBUG=1.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
 import os

@@ -16,7 +16,8 @@ Per setup (1 PS + 1 worker, 2 + 2, 4 + 4; real `recflow launch` clusters on loop
 
 Then a paper model (not a measurement: this machine has 2 cores, so every extra
 process competes for them) of steps/s against workers, from those per-step costs,
-the single-process compute time per step measured here, and a stated network.
+the single-process time per step measured here (trace included), a stated network
+and the table speed of DESIGN.md section 9.
 
     python scripts/bench_ps.py [--rows 40000] [--batch 512]
 
@@ -33,6 +34,7 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")  # Keras 2, as `import recflow` selects
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(REPO, "configs", "deepfm_demo.yaml")
 SETUPS = ((1, 1), (2, 2), (4, 4))
@@ -40,6 +42,7 @@ SETUPS = ((1, 1), (2, 2), (4, 4))
 BANDWIDTH = 10e9 / 8  # bytes/s per task (10 Gbit/s NIC, full duplex)
 LATENCY = 100e-6  # s per sequential RPC round
 ROUNDS = 3  # sequential rounds per step: lookups, dense reads, then inserts + gradient pushes
+TABLE_KEYS_PER_SEC = 5e6  # DenseHashTable lookups (or inserts) per PS task (DESIGN.md section 9)
 
 
 def settings(rows: int, batch: int) -> list[str]:
@@ -95,7 +98,6 @@ def step_costs(batch: int, ps_counts: list[int]) -> list[dict]:
     import numpy as np
     import tensorflow as tf
 
-    import recflow  # noqa: F401  (Keras 2)
     from recflow.config import load_config
     from recflow.data import make_dataset
     from recflow.distribute.cluster import ps_devices
@@ -172,10 +174,16 @@ def zipf_balance(batch: int, shard_counts: list[int], steps: int = 50) -> list[d
 
 
 def paper_model(local_step_s: float, cost: dict, workers: int, ps: int) -> float:
-    """Steps/s of the cluster: each worker's step = compute + RPC rounds + its bytes over its
-    NIC; the PS tasks together move every worker's bytes over their NICs."""
+    """Steps/s of the cluster, the least of three limits: the workers (each step = compute +
+    RPC rounds + its bytes over its NIC), the PS NICs (every step's bytes cross one), and the PS
+    table ops (a lookup and an insert of each key of the busiest shard)."""
     per_worker = local_step_s + ROUNDS * LATENCY + cost["bytes_per_step"] / BANDWIDTH
-    return min(workers / per_worker, ps * BANDWIDTH / cost["bytes_per_step"])
+    busiest = max(cost["keys_per_shard"])
+    return min(
+        workers / per_worker,
+        ps * BANDWIDTH / cost["bytes_per_step"],
+        TABLE_KEYS_PER_SEC / (2 * busiest),
+    )
 
 
 def main() -> None:
@@ -220,7 +228,8 @@ def main() -> None:
     local_step = 1.0 / speed["single process"]["steps_per_sec"]
     by_ps = {c["num_ps"]: c for c in costs}
     print(f"paper model (not a measurement): compute {local_step * 1e3:.1f} ms/step (single process here), "
-          f"{BANDWIDTH * 8 / 1e9:.0f} Gbit/s per task, {LATENCY * 1e6:.0f} us x {ROUNDS} RPC rounds per step")
+          f"{BANDWIDTH * 8 / 1e9:.0f} Gbit/s per task, {LATENCY * 1e6:.0f} us x {ROUNDS} RPC rounds per step, "
+          f"{TABLE_KEYS_PER_SEC / 1e6:.0f}M table keys/s per PS")
     print(f"{'workers':>8} {'PS':>3} {'steps/s':>9} {'examples/s':>11}")
     model_rows = []
     for workers in (1, 2, 4, 8, 16, 32, 64):

@@ -251,7 +251,7 @@ class PSRunner:
         positions = self.state.read()
         order = [i for i in splits_lib.epoch_order(trainer.config, self.splits, epoch)
                  if positions[i] != splits_lib.FINISHED]
-        step = start = int(model.global_step)
+        step = int(model.global_step)
         progbar = keras.utils.Progbar(target, verbose=trainer.verbose, stateful_metrics=["loss"])
         examples = bad_rows = 0
         while order and (target is None or step < target) and not trainer.stop_requested:
