@@ -232,7 +232,7 @@ def main() -> None:
           f"{TABLE_KEYS_PER_SEC / 1e6:.0f}M table keys/s per PS")
     print(f"{'workers':>8} {'PS':>3} {'steps/s':>9} {'examples/s':>11}")
     model_rows = []
-    for workers in (1, 2, 4, 8, 16, 32, 64):
+    for workers in (1, 2, 4, 8, 16, 32, 64, 128, 256):
         ps = min(workers, 4)
         cost = dict(by_ps[ps])
         rate = paper_model(local_step, cost, workers, ps)
