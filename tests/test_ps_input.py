@@ -16,8 +16,7 @@ import time
 
 import numpy as np
 import pytest
-
-from tests.test_ps_cluster import pid_of, wait_for
+from test_ps_cluster import pid_of, wait_for  # pytest puts tests/ on sys.path
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 BATCH = 64

@@ -54,8 +54,7 @@ class LocalRunner:
 
     def run_epoch(self, epoch: int, target: int | None) -> int:
         """Trains the rest of the epoch (or to `target` steps); returns the examples trained."""
-        examples = self.run_steps(self.iterator, target=target, files=self.files, per_epoch=self.per_epoch)
-        return examples
+        return self.run_steps(self.iterator, target=target, files=self.files, per_epoch=self.per_epoch)
 
     def epoch_steps(self, steps: int) -> None:
         """Records the steps of a whole pass (for the next passes' progress bar)."""
