@@ -90,7 +90,7 @@ def _positions(checkpoint_prefix):
 
 
 def test_worker_kill_is_at_least_once_and_chief_restart_is_exact(tmp_path):
-    rows, every, workers = 24000, 100, 2
+    rows, every, workers = 32000, 100, 2
     model_dir = tmp_path / "kills"
     launcher = launch(model_dir, [
         f"data.synthetic={{rows: {rows}, eval_rows: 500, seed: 11, schema: demo}}",
@@ -98,12 +98,16 @@ def test_worker_kill_is_at_least_once_and_chief_restart_is_exact(tmp_path):
     ], ps=2, workers=workers)
     checkpoints = model_dir / "checkpoints"
 
+    # Chunks run between checkpoints: kill a worker halfway into the time `every` steps take.
     wait_for(checkpoints / f"ckpt-{every}.index", launcher)
-    time.sleep(0.5)  # into the next wave of chunks (a wave of 2 x 50 steps takes seconds)
+    wait_for(checkpoints / f"ckpt-{2 * every}.index", launcher)
+    took = (checkpoints / f"ckpt-{2 * every}.index").stat().st_mtime - (
+        checkpoints / f"ckpt-{every}.index").stat().st_mtime
+    time.sleep(took / 2)
     os.kill(pid_of(model_dir, "worker", 1), signal.SIGKILL)  # its chunk reruns on worker 0
 
     # The chief restarts from the newest checkpoint when a PS dies.
-    wait_for(checkpoints / f"ckpt-{2 * every}.index", launcher)
+    wait_for(checkpoints / f"ckpt-{4 * every}.index", launcher)
     os.kill(pid_of(model_dir, "ps", 1), signal.SIGKILL)
     # The restarted chief resumes from the newest checkpoint written before the kill.
     resumed_at = max(int(p.name[5:-6]) for p in checkpoints.glob("ckpt-*.index"))

@@ -142,6 +142,12 @@ class PSRunner:
         with trainer.strategy.scope():
             # Rows whose updates reached the parameter servers, retried chunks included.
             self.applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples_applied")
+        model, strategy = trainer.model, trainer.strategy
+        # Traced once and called by every chunk function (one per file and epoch): a new
+        # file costs a trace of its input pipeline, not of the train step.
+        self._step = tf.function(
+            lambda batch: strategy.run(model.train_step, args=(batch,)), autograph=False
+        )
         self._functions: dict = {}
 
     def open(self, epoch: tf.Variable) -> None:
@@ -166,7 +172,7 @@ class PSRunner:
 
     def _make_chunk_fn(self, split, epoch: int):
         trainer, splits_lib = self.trainer, self.splits_lib
-        config, model, strategy, applied = trainer.config, trainer.model, trainer.strategy, self.applied
+        config, model, train_step, applied = trainer.config, trainer.model, self._step, self.applied
         label = config.labels[0]
 
         def dataset(start, stop, seed, first, count):
@@ -189,7 +195,7 @@ class PSRunner:
                     size = tf.shape(labels[label], out_type=tf.int64)[0]
 
                     def train():
-                        out = strategy.run(model.train_step, args=(batch,))
+                        out = train_step(batch)
                         step_loss = tf.reshape(tf.cast(out["loss"], tf.float32), [])
                         with tf.control_dependencies([step_loss]):
                             counted = applied.assign_add(size)
