@@ -28,7 +28,13 @@ def make_config(min_count):
             "features": [
                 {"name": "user", "kind": "categorical", "dtype": "int64", "table": "ids"},
                 {"name": "item", "kind": "categorical", "dtype": "int64", "table": "ids"},
-                {"name": "hist", "kind": "sequence", "dtype": "int64", "max_len": 4, "table": "ids"},
+                {
+                    "name": "hist",
+                    "kind": "sequence",
+                    "dtype": "int64",
+                    "max_len": 4,
+                    "table": "ids",
+                },
                 {"name": "price", "kind": "numeric"},
             ],
             "tables": {
@@ -114,7 +120,7 @@ def transformed(config, batch):
 
 def train_windowed(config, data, window, shards):
     model = fresh_model(config, shards)
-    ds = dataset(data).map(lambda f, l, b: transformed(config, (f, l, b)))
+    ds = dataset(data).map(lambda *batch: transformed(config, batch))
     iterator = iter(ds)
     run = tf.function(model.train_window, autograph=False)
     steps, losses = 0, []
@@ -150,8 +156,11 @@ def test_refresh_is_what_makes_it_exact():
     config = make_config(1)
     model = fresh_model(config)
     engine = model.embedding
-    ids = {"user": tf.constant([1, 2], tf.int64), "item": tf.constant([5], tf.int64),
-           "hist": tf.ragged.constant([[5]], tf.int64)}
+    ids = {
+        "user": tf.constant([1, 2], tf.int64),
+        "item": tf.constant([5], tf.int64),
+        "hist": tf.ragged.constant([[5]], tf.int64),
+    }
     first = engine.fetch(ids)
     stale = engine.fetch(ids)  # fetched before the first step writes
     step = tf.constant(1, tf.int64)
@@ -177,7 +186,7 @@ def test_window_stops_at_the_end_of_the_input_and_skips_empty_batches():
     )
     data = [data[0], empty, data[2]]
     model = fresh_model(config)
-    ds = dataset(data).map(lambda f, l, b: transformed(config, (f, l, b)))
+    ds = dataset(data).map(lambda *batch: transformed(config, batch))
     out = tf.function(model.train_window, autograph=False)(iter(ds), tf.constant(10, tf.int64))
     assert int(out["steps"]) == 2 and int(out["examples"]) == 2 * BATCH
     assert int(model.global_step) == 2 and int(model.bad_records) == 7

@@ -99,7 +99,12 @@ class _PhysicalTable(tf.Module):
     """One physical table: its rows, admission counters, optimizer and the features that read it."""
 
     def __init__(
-        self, spec: PhysicalTable, uses: list[_Use], placement: Placement, seed: int, batch_size: int
+        self,
+        spec: PhysicalTable,
+        uses: list[_Use],
+        placement: Placement,
+        seed: int,
+        batch_size: int,
     ):
         super().__init__(name=spec.name.replace(".", "_"))
         self.spec = spec
@@ -212,14 +217,18 @@ class EmbeddingEngine(tf.Module):
         first_order: also give each sparse feature a dim-1 weight, `<name>/linear`.
     """
 
-    def __init__(self, config: Config, placement: Placement | None = None, first_order: bool = False):
+    def __init__(
+        self, config: Config, placement: Placement | None = None, first_order: bool = False
+    ):
         super().__init__(name="embedding")
         self.config = config
         self.placement = placement or ModPlacement(1)
         self.first_order = first_order
         self.plan = plan_tables(config, first_order)
         # Checkpointed, so a checkpoint with keys in another format is refused (`check_checkpoint`).
-        self.key_format = tf.Variable(KEY_FORMAT, dtype=tf.int64, trainable=False, name="key_format")
+        self.key_format = tf.Variable(
+            KEY_FORMAT, dtype=tf.int64, trainable=False, name="key_format"
+        )
         self.physical_tables = []
         for index, spec in enumerate(self.plan):
             uses = []
@@ -261,7 +270,9 @@ class EmbeddingEngine(tf.Module):
                 continue
             if isinstance(use.feature, SequenceFeature) and not use.output.endswith(LINEAR_OUTPUT):
                 length = use.feature.max_len
-                ragged = tf.RaggedTensor.from_row_splits(values, feature_ids.row_splits, validate=False)
+                ragged = tf.RaggedTensor.from_row_splits(
+                    values, feature_ids.row_splits, validate=False
+                )
                 out[use.output] = ragged.to_tensor(shape=[None, length, table.spec.dim])
                 out[use.feature.name + MASK_OUTPUT] = tf.sequence_mask(
                     feature_ids.row_lengths(), length
@@ -532,8 +543,12 @@ def _refreshed(part: ShardRows, written: Written) -> ShardRows:
         tf.gather(valid, position), tf.equal(tf.gather(padded_keys, position), part.keys)
     )
     source = tf.gather(tf.concat([order, [n]], 0), position)
-    written_row = tf.logical_and(match, tf.gather(tf.concat([written.trainable, [False]], 0), source))
-    rows = tf.concat([written.rows, tf.zeros([1, tf.shape(written.rows)[1]], written.rows.dtype)], 0)
+    written_row = tf.logical_and(
+        match, tf.gather(tf.concat([written.trainable, [False]], 0), source)
+    )
+    rows = tf.concat(
+        [written.rows, tf.zeros([1, tf.shape(written.rows)[1]], written.rows.dtype)], 0
+    )
     seen = tf.concat([written.seen, [0]], 0)
     return part._replace(
         rows=tf.where(written_row[:, None], tf.gather(rows, source), part.rows),

@@ -121,9 +121,7 @@ class ShardedTable(tf.Module):
                         for j, size in enumerate(sizes)
                     ]
                 )
-                self.routes.append(
-                    tf.Variable(routes, trainable=False, name=f"{base}_routes_{i}")
-                )
+                self.routes.append(tf.Variable(routes, trainable=False, name=f"{base}_routes_{i}"))
 
     @property
     def num_shards(self) -> int:

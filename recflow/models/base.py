@@ -159,7 +159,11 @@ class RankingModel(keras.Model):
         if not pairs:
             return
         optimizer = self.optimizer
-        if not (in_loop and tf.distribute.has_strategy() and not tf.distribute.in_cross_replica_context()):
+        if not (
+            in_loop
+            and tf.distribute.has_strategy()
+            and not tf.distribute.in_cross_replica_context()
+        ):
             optimizer.apply_gradients(pairs)
             return
         with tf.init_scope():
