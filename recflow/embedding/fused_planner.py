@@ -16,8 +16,6 @@ class FusedPlanner(Planner):
         for members in groups.values():
             for start in range(0, len(members), MAX_SLOTS):  # the key slot has 8 bits
                 chunk = tuple(members[start : start + MAX_SLOTS])
-                name = (
-                    chunk[0].name if len(chunk) == 1 else f"fused_{len(physical)}_d{chunk[0].dim}"
-                )
+                name = chunk[0].name if len(chunk) == 1 else f"fused_{len(physical)}_d{chunk[0].dim}"
                 physical.append(PhysicalTable(name, chunk))
         return physical

@@ -44,9 +44,4 @@ class RowLayout:
         """The numpy twin of `split`, for checkpoints read without a model."""
         rows = np.asarray(rows, np.float32).reshape(-1, self.width)
         meta = rows[:, self.dim + self.slots_width :].copy().view(np.int32)
-        return (
-            rows[:, : self.dim],
-            rows[:, self.dim : self.dim + self.slots_width],
-            meta[:, 0],
-            meta[:, 1],
-        )
+        return rows[:, : self.dim], rows[:, self.dim : self.dim + self.slots_width], meta[:, 0], meta[:, 1]
