@@ -476,6 +476,9 @@ class TrainConfig:
     log_every_steps: int = 100
     seed: int = 7
     xla: bool = False  # compile the tower's forward and backward pass with XLA
+    # Parameter servers: each step looks up the next batch's rows while it computes
+    # (README "Prefetching embeddings").
+    prefetch_embeddings: bool = False
 
     def validate(self) -> None:
         _positive(self, "epochs", allow_none=True)

@@ -41,25 +41,70 @@ class _Use(NamedTuple):
     slot: int
 
 
-@dataclass
-class _StepState:
-    """What a training step carries from lookup to update, for one physical table."""
+class ShardRows(NamedTuple):
+    """One shard's part of a batch's keys and their rows, on the shard's device."""
+
+    keys: tf.Tensor  # [U_s] int64
+    counts: tf.Tensor  # occurrences in the batch [U_s] int32
+    rows: tf.Tensor  # packed rows [U_s, width]; a missing key reads count 0
+    seen: tf.Tensor  # admission sightings before this batch [U_s] int32 (zeros without admission)
+
+
+class Fetched(NamedTuple):
+    """A batch's unique keys of one physical table and their rows as read (`EmbeddingEngine.fetch`)."""
 
     keys: tf.Tensor  # unique keys [U]
     index: tf.Tensor  # position in `keys` of every id, all uses concatenated [N]
-    counts: tf.Tensor  # occurrences of each unique key in the batch [U] int32
-    emb: tf.Tensor  # rows' embeddings, new rows initialized, untrainable rows zero [U, dim]
-    slots: tf.Tensor  # optimizer slots [U, k * dim]
-    count: tf.Tensor  # sightings before this step [U] int32
-    trainable: tf.Tensor  # admitted rows [U] bool
-    new_unadmitted: tf.Tensor | None  # keys that only bump their counter [U] bool
+    shards: list  # per shard: ShardRows of its keys, in `ShardedTable.partition` order
+
+
+class Written(NamedTuple):
+    """What one step wrote to one shard of a physical table (`EmbeddingEngine.apply`)."""
+
+    keys: tf.Tensor  # [U_s]
+    rows: tf.Tensor  # packed rows [U_s, width], inserted where `trainable`
+    seen: tf.Tensor  # sightings after the step [U_s] int32: a waiting key's counter
+    trainable: tf.Tensor  # [U_s] bool: a row was written (else only the counter)
+
+
+@dataclass
+class _ShardStep:
+    """What a step carries from lookup to update for one shard (tensors on its device)."""
+
+    keys: tf.Tensor  # [U_s]
+    counts: tf.Tensor  # [U_s] int32
+    emb: tf.Tensor  # embeddings, new rows initialized, untrainable rows zero [U_s, dim]
+    slots: tf.Tensor  # optimizer slots [U_s, k * dim]
+    count: tf.Tensor  # sightings before this step [U_s] int32
+    trainable: tf.Tensor  # admitted rows [U_s] bool
+    new_unadmitted: tf.Tensor | None  # keys that only bump their counter [U_s] bool
+
+
+@dataclass
+class _StepState:
+    """What a training step carries from lookup to update, for one physical table.
+
+    Only `emb` (the embeddings of the batch's keys) and the gradient with respect
+    to it cross between the worker and the parameter servers; the optimizer slots
+    and metadata stay on each shard's device.
+    """
+
+    index: tf.Tensor  # position in the unique keys of every id, all uses concatenated [N]
+    positions: list  # per shard: positions of its keys in the unique keys
+    shards: list  # per shard: _ShardStep
+    emb: tf.Tensor  # [U, dim] stitched from the shards (watched by the tape)
 
 
 class _PhysicalTable(tf.Module):
     """One physical table: its rows, admission counters, optimizer and the features that read it."""
 
     def __init__(
-        self, spec: PhysicalTable, uses: list[_Use], placement: Placement, seed: int, batch_size: int
+        self,
+        spec: PhysicalTable,
+        uses: list[_Use],
+        placement: Placement,
+        seed: int,
+        batch_size: int,
     ):
         super().__init__(name=spec.name.replace(".", "_"))
         self.spec = spec
@@ -83,10 +128,12 @@ class _PhysicalTable(tf.Module):
             else None
         )
 
-    def initial_embeddings(self, n: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
+    def initial_embeddings(self, n: tf.Tensor, step: tf.Tensor, shard: int = 0) -> tf.Tensor:
         init = self.spec.initializer
         shape = tf.stack([n, self.spec.dim])
-        seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
+        seed = tf.stack(
+            [tf.constant(self.seed + 1_000_003 * shard, tf.int64), tf.cast(step, tf.int64)]
+        )
         if init.type == "zeros":
             return tf.zeros(shape)
         if init.type == "uniform":
@@ -170,14 +217,18 @@ class EmbeddingEngine(tf.Module):
         first_order: also give each sparse feature a dim-1 weight, `<name>/linear`.
     """
 
-    def __init__(self, config: Config, placement: Placement | None = None, first_order: bool = False):
+    def __init__(
+        self, config: Config, placement: Placement | None = None, first_order: bool = False
+    ):
         super().__init__(name="embedding")
         self.config = config
         self.placement = placement or ModPlacement(1)
         self.first_order = first_order
         self.plan = plan_tables(config, first_order)
         # Checkpointed, so a checkpoint with keys in another format is refused (`check_checkpoint`).
-        self.key_format = tf.Variable(KEY_FORMAT, dtype=tf.int64, trainable=False, name="key_format")
+        self.key_format = tf.Variable(
+            KEY_FORMAT, dtype=tf.int64, trainable=False, name="key_format"
+        )
         self.physical_tables = []
         for index, spec in enumerate(self.plan):
             uses = []
@@ -219,7 +270,9 @@ class EmbeddingEngine(tf.Module):
                 continue
             if isinstance(use.feature, SequenceFeature) and not use.output.endswith(LINEAR_OUTPUT):
                 length = use.feature.max_len
-                ragged = tf.RaggedTensor.from_row_splits(values, feature_ids.row_splits, validate=False)
+                ragged = tf.RaggedTensor.from_row_splits(
+                    values, feature_ids.row_splits, validate=False
+                )
                 out[use.output] = ragged.to_tensor(shape=[None, length, table.spec.dim])
                 out[use.feature.name + MASK_OUTPUT] = tf.sequence_mask(
                     feature_ids.row_lengths(), length
@@ -259,35 +312,100 @@ class EmbeddingEngine(tf.Module):
 
     # ------------------------------------------------------------------ training step
 
-    def prepare(self, ids: dict, step: tf.Tensor) -> list[_StepState]:
-        """Looks up the packed rows of a batch (outside the gradient tape)."""
-        states = []
+    def fetch(self, ids: dict) -> list[Fetched]:
+        """Looks up the packed rows (and admission counters) of a batch's keys.
+
+        The only reads of a training step: a step that prefetches calls this for
+        the next batch while the current one computes (`refresh` then brings the
+        rows up to date with the current step's writes). The rows stay on their
+        shards' devices.
+        """
+        fetched = []
         for table in self.physical_tables:
             keys, index, counts = tf.unique_with_counts(self._keys(table, ids))
             counts = tf.cast(counts, tf.int32)
-            emb, slots, count, _ = table.layout.split(table.rows.lookup(keys))
-            exists = count > 0
-            n = tf.size(keys)
-            new_unadmitted = None
-            trainable = tf.ones_like(exists)
-            if table.counters is not None:
-                # A key's counter is stale once it has a row: `exists` wins then.
-                seen = table.counters.lookup(keys)[:, 0] + counts
-                admitted = seen >= table.min_count
-                new_unadmitted = tf.logical_and(tf.logical_not(exists), tf.logical_not(admitted))
-                trainable = tf.logical_not(new_unadmitted)
-                # A key admitted now carries its earlier sightings into the row.
-                count = tf.where(exists, count, seen - counts)
-            initial = table.initial_embeddings(n, step)
-            emb = tf.where(exists[:, None], emb, initial)
-            emb = tf.where(trainable[:, None], emb, tf.zeros_like(emb))
-            slots = tf.where(
-                exists[:, None], slots, table.optimizer.initial_slots(n, table.spec.dim)
-            )
-            states.append(
-                _StepState(keys, index, counts, emb, slots, count, trainable, new_unadmitted)
-            )
+            positions, parts = table.rows.partition(keys)
+            shards = []
+            for i, (position, part) in enumerate(zip(positions, parts)):
+                part_counts = counts if position is None else tf.gather(counts, position)
+                with tf.device(self.placement.device(i)):
+                    rows = table.rows.lookup_shard(i, part)
+                    if table.counters is None:
+                        seen = tf.zeros_like(part_counts)
+                    else:
+                        seen = table.counters.lookup_shard(i, part)[:, 0]
+                shards.append(ShardRows(part, part_counts, rows, seen))
+            fetched.append(Fetched(keys, index, shards))
+        return fetched
+
+    def empty_fetched(self) -> list[Fetched]:
+        """What `fetch` returns for a batch with no ids."""
+        empty = []
+        for table in self.physical_tables:
+            keys = tf.zeros([0], tf.int64)
+            none = tf.zeros([0], tf.int32)
+            rows = tf.zeros([0, table.layout.width])
+            shards = [ShardRows(keys, none, rows, none)] * table.rows.num_shards
+            empty.append(Fetched(keys, none, shards))
+        return empty
+
+    def refresh(self, fetched: list[Fetched], written: list[list[Written]]) -> list[Fetched]:
+        """`fetched` as if read after the writes of `written` (the previous step's).
+
+        A key of both batches takes the row (or, while it waits for admission,
+        the sightings) the previous step wrote, so prefetching never loses or
+        misses this process's own updates. Runs on each shard's device; no table
+        is read.
+        """
+        out = []
+        for f, table_written in zip(fetched, written):
+            shards = []
+            for i, (part, w) in enumerate(zip(f.shards, table_written)):
+                with tf.device(self.placement.device(i)):
+                    shards.append(_refreshed(part, w))
+            out.append(f._replace(shards=shards))
+        return out
+
+    def prepare(self, ids: dict, step: tf.Tensor) -> list[_StepState]:
+        """Looks up the packed rows of a batch (outside the gradient tape)."""
+        return self.states(self.fetch(ids), step)
+
+    def states(self, fetched: list[Fetched], step: tf.Tensor) -> list[_StepState]:
+        """The step's rows from fetched ones: new rows initialized, waiting keys zero.
+
+        Computed on each shard's device; only the embeddings leave it.
+        """
+        states = []
+        for table, f in zip(self.physical_tables, fetched):
+            shards = []
+            for i, part in enumerate(f.shards):
+                with tf.device(self.placement.device(i)):
+                    shards.append(self._shard_step(table, part, step, i))
+            positions, _ = table.rows.partition(f.keys)  # as `fetch` split them
+            emb = table.rows.stitch(positions, [s.emb for s in shards])
+            states.append(_StepState(f.index, positions, shards, emb))
         return states
+
+    @staticmethod
+    def _shard_step(table: _PhysicalTable, part: ShardRows, step: tf.Tensor, shard: int):
+        emb, slots, count, _ = table.layout.split(part.rows)
+        exists = count > 0
+        n = tf.size(part.keys)
+        new_unadmitted = None
+        trainable = tf.ones_like(exists)
+        if table.counters is not None:
+            # A key's counter is stale once it has a row: `exists` wins then.
+            seen = part.seen + part.counts
+            admitted = seen >= table.min_count
+            new_unadmitted = tf.logical_and(tf.logical_not(exists), tf.logical_not(admitted))
+            trainable = tf.logical_not(new_unadmitted)
+            # A key admitted now carries its earlier sightings into the row.
+            count = tf.where(exists, count, seen - part.counts)
+        initial = table.initial_embeddings(n, step, shard)
+        emb = tf.where(exists[:, None], emb, initial)
+        emb = tf.where(trainable[:, None], emb, tf.zeros_like(emb))
+        slots = tf.where(exists[:, None], slots, table.optimizer.initial_slots(n, table.spec.dim))
+        return _ShardStep(part.keys, part.counts, emb, slots, count, trainable, new_unadmitted)
 
     def embed_step(self, states: list[_StepState], ids: dict) -> dict:
         """Tower inputs from prepared rows (inside the tape; `states[i].emb` watched)."""
@@ -296,31 +414,47 @@ class EmbeddingEngine(tf.Module):
             out.update(self._assemble(table, state.emb, state.index, ids))
         return out
 
-    def apply(self, states: list[_StepState], grads: list, step: tf.Tensor) -> None:
+    def apply(self, states: list[_StepState], grads: list, step: tf.Tensor) -> list[list[Written]]:
         """Applies the sparse optimizers and writes each touched row back, once.
 
+        Each shard's update runs on its device: only the gradients travel there.
         Nothing is erased: a waiting key's counter is left behind when it gets
-        its row, and dropped by the next `rebuild`.
+        its row, and dropped by the next `rebuild`. Returns what was written per
+        table and shard, for `refresh`.
         """
         step32 = tf.cast(step, tf.int32)
+        written = []
         for table, state, grad in zip(self.physical_tables, states, grads):
             grad = tf.zeros_like(state.emb) if grad is None else tf.convert_to_tensor(grad)
-            emb, slots = table.optimizer.apply(state.emb, state.slots, grad, step)
-            seen = state.count + state.counts
-            last = tf.fill(tf.shape(seen), step32)
-            rows = table.layout.pack(emb, slots, seen, last)
-            if state.new_unadmitted is None:
-                table.rows.insert(state.keys, rows)
-                continue
-            table.rows.insert(
-                tf.boolean_mask(state.keys, state.trainable),
-                tf.boolean_mask(rows, state.trainable),
+            table_written = []
+            for i, (position, part) in enumerate(zip(state.positions, state.shards)):
+                part_grad = grad if position is None else tf.gather(grad, position)
+                with tf.device(self.placement.device(i)):
+                    table_written.append(self._apply_shard(table, part, part_grad, step, step32, i))
+            written.append(table_written)
+        return written
+
+    @staticmethod
+    def _apply_shard(table, part: _ShardStep, grad, step, step32, shard: int) -> Written:
+        emb, slots = table.optimizer.apply(part.emb, part.slots, grad, step)
+        seen = part.count + part.counts
+        last = tf.fill(tf.shape(seen), step32)
+        rows = table.layout.pack(emb, slots, seen, last)
+        if part.new_unadmitted is None:
+            table.rows.insert_shard(shard, part.keys, rows)
+        else:
+            table.rows.insert_shard(
+                shard,
+                tf.boolean_mask(part.keys, part.trainable),
+                tf.boolean_mask(rows, part.trainable),
             )
-            waiting = state.new_unadmitted
-            table.counters.insert(
-                tf.boolean_mask(state.keys, waiting),
+            waiting = part.new_unadmitted
+            table.counters.insert_shard(
+                shard,
+                tf.boolean_mask(part.keys, waiting),
                 tf.boolean_mask(tf.stack([seen, last], axis=1), waiting),
             )
+        return Written(part.keys, rows, seen, part.trainable)
 
     # ------------------------------------------------------------------ lifecycle (eager)
 
@@ -394,6 +528,34 @@ class EmbeddingEngine(tf.Module):
                     "physical_table": table.spec.name,
                 }
         return stats
+
+
+def _refreshed(part: ShardRows, written: Written) -> ShardRows:
+    """`part` with the rows and counters `written` holds for the keys they share."""
+    n = tf.size(written.keys)
+    order = tf.argsort(written.keys)
+    sorted_keys = tf.gather(written.keys, order)
+    position = tf.searchsorted(sorted_keys, part.keys)  # in [0, n]
+    # One padding entry at n, never a match: no gather runs out of range.
+    padded_keys = tf.concat([sorted_keys, tf.zeros([1], tf.int64)], 0)
+    valid = tf.concat([tf.ones([n], tf.bool), tf.zeros([1], tf.bool)], 0)
+    match = tf.logical_and(
+        tf.gather(valid, position), tf.equal(tf.gather(padded_keys, position), part.keys)
+    )
+    source = tf.gather(tf.concat([order, [n]], 0), position)
+    written_row = tf.logical_and(
+        match, tf.gather(tf.concat([written.trainable, [False]], 0), source)
+    )
+    rows = tf.concat(
+        [written.rows, tf.zeros([1, tf.shape(written.rows)[1]], written.rows.dtype)], 0
+    )
+    seen = tf.concat([written.seen, [0]], 0)
+    return part._replace(
+        rows=tf.where(written_row[:, None], tf.gather(rows, source), part.rows),
+        seen=tf.where(
+            tf.logical_and(match, tf.logical_not(written_row)), tf.gather(seen, source), part.seen
+        ),
+    )
 
 
 def check_checkpoint(path: str) -> None:

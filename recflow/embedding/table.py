@@ -121,9 +121,7 @@ class ShardedTable(tf.Module):
                         for j, size in enumerate(sizes)
                     ]
                 )
-                self.routes.append(
-                    tf.Variable(routes, trainable=False, name=f"{base}_routes_{i}")
-                )
+                self.routes.append(tf.Variable(routes, trainable=False, name=f"{base}_routes_{i}"))
 
     @property
     def num_shards(self) -> int:
@@ -221,6 +219,21 @@ class ShardedTable(tf.Module):
         return self.export_shard_with_buckets(i)[2]
 
     # ------------------------------------------------------------------ every shard
+
+    def partition(self, keys: tf.Tensor) -> tuple[list, list]:
+        """(positions, keys) per shard: the shard's keys and where they sit in `keys`.
+
+        With one shard, positions is [None] (every key, in order).
+        """
+        if self.num_shards == 1:
+            return [None], [keys]
+        parts, positions = self._split(keys, self.placement.shard_of(keys), self.num_shards)
+        return positions, parts
+
+    @staticmethod
+    def stitch(positions: list, parts: list) -> tf.Tensor:
+        """The inverse of `partition` for per-shard values."""
+        return parts[0] if positions[0] is None else tf.dynamic_stitch(positions, parts)
 
     def lookup(self, keys: tf.Tensor) -> tf.Tensor:
         """Rows of `keys` (the default, all zeros, for missing keys)."""
