@@ -1,10 +1,11 @@
-"""Prefetching the next batch's rows (`train.prefetch_embeddings`) trains exactly as step by step.
+"""Chunks of steps in one loop (`train_chunk`), with and without prefetching the next
+batch's rows (`train.prefetch_embeddings`), train exactly as step by step.
 
-`RankingModel.train_window` fetches batch t+1's rows before step t writes, then
-takes the rows both batches touch from step t's writes. So a window of steps must
-leave the same tables (same keys, same rows, admission counters included) and the
-same dense weights as the same batches trained one `train_step` at a time, while a
-plain stale read (no refresh) must not.
+With prefetch, step t+1's rows are fetched before step t writes, then the rows both
+batches touch are taken from step t's writes. So chunks must leave the same tables
+(same keys, same rows, admission counters included) and the same dense weights as
+the same batches trained one `train_step` at a time, while a plain stale read (no
+refresh) must not.
 """
 
 import numpy as np
@@ -13,8 +14,10 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recflow.config import config_from_dict
+from recflow.data.pipeline import NONFINITE, TRUNCATED
 from recflow.embedding.placement import ModPlacement
 from recflow.models import build_model
+from recflow.training.chunk import train_chunk
 from recflow.training.trainer import make_dense_optimizer
 
 BATCH = 32
@@ -115,32 +118,41 @@ def transformed(config, batch):
     from recflow.features.transform import transform
 
     features, labels, bad = batch
-    return transform(config, features), labels, bad
+    features = transform(config, features)
+    # What the trainer's pipeline adds: counts of values read as missing and rows cut.
+    features[NONFINITE] = features[TRUNCATED] = tf.constant(0, tf.int64)
+    return features, labels, bad
 
 
-def train_windowed(config, data, window, shards):
+def train_chunks(config, data, sizes, shards, prefetch):
+    """Trains `data` as chunks of `sizes` batches, one iterator each; returns the chunks' results."""
     model = fresh_model(config, shards)
-    ds = dataset(data).map(lambda *batch: transformed(config, batch))
-    iterator = iter(ds)
-    run = tf.function(model.train_window, autograph=False)
-    steps, losses = 0, []
-    for _ in range(3):  # two windows of 4 cover the 6 steps; a third must find no input
-        out = run(iterator, tf.constant(window, tf.int64))
-        steps += int(out["steps"])
-        losses.append(float(out["loss"]))
-    return model, losses, steps
+    run = tf.function(
+        lambda iterator: train_chunk(model, iterator, prefetch=prefetch), autograph=False
+    )
+    results, start = [], 0
+    for size in sizes:
+        ds = dataset(data[start : start + size]).map(lambda *batch: transformed(config, batch))
+        results.append(run(iter(ds)))
+        start += size
+    return model, results
 
 
-@pytest.mark.parametrize("min_count,shards", [(1, 1), (3, 1), (3, 3)])
-def test_window_trains_exactly_as_step_by_step(min_count, shards):
+@pytest.mark.parametrize(
+    "min_count,shards,prefetch",
+    [(1, 1, True), (3, 1, True), (3, 3, True), (3, 3, False)],
+)
+def test_chunks_train_exactly_as_step_by_step(min_count, shards, prefetch):
     config = make_config(min_count)
     data = batches(seed=min_count)
     expected, step_losses = train_sequential(config, data, shards)
-    got, window_losses, steps = train_windowed(config, data, window=4, shards=shards)
-    assert steps == STEPS and int(got.global_step) == STEPS
-    # The loss of the last step of each window: steps 4 and 6.
-    np.testing.assert_allclose(window_losses[:2], [step_losses[3], step_losses[5]], rtol=1e-5)
-    assert np.isnan(window_losses[2])
+    got, results = train_chunks(config, data, [4, 2], shards, prefetch)
+    assert [int(r.steps) for r in results] == [4, 2] and int(got.global_step) == STEPS
+    assert [int(r.rows) for r in results] == [4 * BATCH, 2 * BATCH]
+    # The loss of the last step of each chunk: steps 4 and 6.
+    np.testing.assert_allclose(
+        [float(r.loss) for r in results], [step_losses[3], step_losses[5]], rtol=1e-5
+    )
     (want_tables, want_dense), (got_tables, got_dense) = snapshot(expected), snapshot(got)
     assert want_tables.keys() == got_tables.keys()
     for name, (keys, values) in want_tables.items():
@@ -175,7 +187,7 @@ def test_refresh_is_what_makes_it_exact():
         assert not np.array_equal(s.rows.numpy(), f.rows.numpy())
 
 
-def test_window_stops_at_the_end_of_the_input_and_skips_empty_batches():
+def test_chunk_skips_batches_without_rows():
     config = make_config(1)
     data = batches(seed=5)[:3]
     features, labels, _ = data[1]
@@ -184,10 +196,6 @@ def test_window_stops_at_the_end_of_the_input_and_skips_empty_batches():
         {"click": labels["click"][:0]},
         tf.constant(7, tf.int64),  # a batch whose rows were all bad
     )
-    data = [data[0], empty, data[2]]
-    model = fresh_model(config)
-    ds = dataset(data).map(lambda *batch: transformed(config, batch))
-    out = tf.function(model.train_window, autograph=False)(iter(ds), tf.constant(10, tf.int64))
-    assert int(out["steps"]) == 2 and int(out["examples"]) == 2 * BATCH
-    assert int(model.global_step) == 2 and int(model.bad_records) == 7
-    assert np.isfinite(float(out["loss"]))
+    _, (result,) = train_chunks(config, [data[0], empty, data[2]], [3], 1, prefetch=True)
+    assert (int(result.read), int(result.steps), int(result.rows)) == (3, 2, 2 * BATCH)
+    assert int(result.bad) == 7 and bool(result.finite) and np.isfinite(float(result.loss))

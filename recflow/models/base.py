@@ -121,15 +121,22 @@ class RankingModel(keras.Model):
         return loss
 
     def train_step(self, data):
-        features, _, _ = data
-        ids, _ = self.split_features(features)
-        loss, _ = self._train_on(data, self.embedding.fetch(ids))
+        loss, _ = self.train_on_rows(data)
         return {"loss": loss}
 
-    def _train_on(self, data, fetched: list, in_loop: bool = False) -> tuple[tf.Tensor, list]:
-        """One step on a batch whose rows were fetched already; returns (loss, rows written)."""
+    def train_on_rows(self, data, fetched: list | None = None, in_loop: bool = False):
+        """One training step; returns (loss, what it wrote to the tables).
+
+        Args:
+            data: (features, labels, bad-record count), one batch.
+            fetched: the batch's rows from `embedding.fetch`, read ahead (and
+                `embedding.refresh`ed) by a caller that prefetches; None reads them now.
+            in_loop: the step runs inside a `tf.while_loop` (`train_chunk`).
+        """
         features, labels, bad = data
         ids, dense = self.split_features(features)
+        if fetched is None:
+            fetched = self.embedding.fetch(ids)
         step = self.global_step.assign_add(1)
         self.bad_records.assign_add(tf.cast(bad, tf.int64))
         states = self.embedding.states(fetched, step)
@@ -149,20 +156,16 @@ class RankingModel(keras.Model):
     def _apply_dense(self, grads: list, variables: list, in_loop: bool) -> None:
         """The dense optimizer's update.
 
-        Inside a loop (`train_window`) under a distribution strategy, Keras cannot
-        aggregate gradients (no `merge_call` in control flow); a parameter-server
-        worker runs one replica, so there is nothing to aggregate and each
-        variable takes the optimizer's own update step directly.
+        Inside a `tf.while_loop` Keras cannot aggregate gradients across replicas
+        (no `merge_call` in control flow). recflow runs one replica per process (a
+        parameter-server worker too), so there is nothing to aggregate: each
+        variable takes the optimizer's own update step.
         """
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         if not pairs:
             return
         optimizer = self.optimizer
-        if not (
-            in_loop
-            and tf.distribute.has_strategy()
-            and not tf.distribute.in_cross_replica_context()
-        ):
+        if not in_loop:
             optimizer.apply_gradients(pairs)
             return
         with tf.init_scope():
@@ -170,73 +173,6 @@ class RankingModel(keras.Model):
         for grad, variable in pairs:
             optimizer._update_step(grad, variable)
         optimizer.iterations.assign_add(1)
-
-    def train_window(self, iterator, max_steps) -> dict:
-        """Up to `max_steps` steps on `iterator`, each fetching the next batch's rows
-        while it computes (`train.prefetch_embeddings`).
-
-        The fetch of batch t+1 is issued before step t's update, so under
-        parameter servers its lookups overlap step t's forward and backward pass.
-        Rows both batches touch are then taken from what step t wrote
-        (`EmbeddingEngine.refresh`): the steps train exactly as one `train_step`
-        after another would. A batch with no rows (every row bad) is skipped.
-
-        Returns:
-            {"loss": the last step's loss (NaN when none ran), "steps": steps run,
-             "examples": rows trained}, as tensors.
-        """
-        engine = self.embedding
-        labels_key = self.heads[0].label
-
-        def fetch(optional):
-            def read():
-                features, _, _ = optional.get_value()
-                return engine.fetch(self.split_features(features)[0])
-
-            return tf.cond(optional.has_value(), read, engine.empty_fetched)
-
-        def body(i, loss, examples, optional, fetched):
-            batch = optional.get_value()
-            size = tf.size(batch[1][labels_key])
-            # The next batch only when a step is left for it: the input stays where a
-            # step-by-step loop would have left it.
-            following = tf.cond(
-                i + tf.cast(size > 0, tf.int64) < max_steps,
-                iterator.get_next_as_optional,
-                lambda: tf.experimental.Optional.empty(iterator.element_spec),
-            )
-            prefetched = fetch(following)  # before this step's writes: overlaps its compute
-
-            def train():
-                step_loss, written = self._train_on(batch, fetched, in_loop=True)
-                return step_loss, engine.refresh(prefetched, written)
-
-            def skip():  # no rows: no step, only the bad-row count
-                self.bad_records.assign_add(tf.cast(batch[2], tf.int64))
-                return loss, prefetched
-
-            loss, prefetched = tf.cond(size > 0, train, skip)
-            trained = tf.cast(size > 0, tf.int64)
-            return i + trained, loss, examples + tf.cast(size, tf.int64), following, prefetched
-
-        def more(i, loss, examples, optional, fetched):
-            return tf.logical_and(i < max_steps, optional.has_value())
-
-        first = iterator.get_next_as_optional()
-        start = (tf.constant(0, tf.int64), tf.constant(float("nan")), tf.constant(0, tf.int64))
-        loop_vars = (*start, first, fetch(first))
-        invariants = tf.nest.map_structure(_any_size, loop_vars)
-        steps, loss, examples, _, _ = tf.while_loop(
-            more, body, loop_vars, shape_invariants=invariants
-        )
-        return {"loss": loss, "steps": steps, "examples": examples}
-
-
-def _any_size(value):
-    """A while-loop shape invariant: tensors may change their size, other values not."""
-    if isinstance(value, tf.Tensor):
-        return tf.TensorShape([None] * value.shape.rank)
-    return value._type_spec  # an Optional
 
 
 class RetrievalModel(RankingModel):

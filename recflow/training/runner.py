@@ -24,6 +24,7 @@ import tf_keras as keras
 
 from recflow.data.pipeline import NONFINITE, TRUNCATED
 from recflow.errors import DataError
+from recflow.training.chunk import train_chunk
 
 logger = logging.getLogger(__name__)
 
@@ -142,11 +143,12 @@ class PSRunner:
         with trainer.strategy.scope():
             # Rows whose updates reached the parameter servers, retried chunks included.
             self.applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples_applied")
-        model, strategy = trainer.model, trainer.strategy
+        model = trainer.model
         # Traced once and called by every chunk function (one per file and epoch): a new
         # file costs a trace of its input pipeline, not of the train step.
         self._step = tf.function(
-            lambda batch: strategy.run(model.train_step, args=(batch,)), autograph=False
+            lambda batch, fetched: model.train_on_rows(batch, fetched, in_loop=True),
+            autograph=False,
         )
         self._functions: dict = {}
 
@@ -173,7 +175,7 @@ class PSRunner:
     def _make_chunk_fn(self, split, epoch: int):
         trainer, splits_lib = self.trainer, self.splits_lib
         config, model, train_step, applied = trainer.config, trainer.model, self._step, self.applied
-        label = config.labels[0]
+        prefetch = config.train.prefetch_embeddings
 
         def dataset(start, stop, seed, first, count):
             if split.seekable:
@@ -184,46 +186,7 @@ class PSRunner:
 
         def chunk(start, stop, seed, first, count):
             iterator = iter(dataset(start, stop, seed, first, count))
-            zero, no_loss = tf.constant(0, tf.int64), tf.constant(0.0)
-
-            def body(read, steps, rows, bad, nonfinite, truncated, loss, finite, more):
-                element = iterator.get_next_as_optional()
-
-                def consume():
-                    batch = element.get_value()
-                    features, labels, batch_bad = batch
-                    size = tf.shape(labels[label], out_type=tf.int64)[0]
-
-                    def train():
-                        out = train_step(batch)
-                        step_loss = tf.reshape(tf.cast(out["loss"], tf.float32), [])
-                        with tf.control_dependencies([step_loss]):
-                            counted = applied.assign_add(size)
-                        with tf.control_dependencies([counted]):
-                            return steps + 1, tf.identity(step_loss)
-
-                    def skip():  # every row of the batch was bad: no step
-                        with tf.control_dependencies([model.bad_records.assign_add(batch_bad)]):
-                            return tf.identity(steps), tf.identity(loss)
-
-                    new_steps, new_loss = tf.cond(size > 0, train, skip)
-                    return (
-                        read + 1, new_steps, rows + size, bad + batch_bad,
-                        nonfinite + features[NONFINITE], truncated + features[TRUNCATED],
-                        new_loss, tf.math.is_finite(new_loss),
-                    )
-
-                def done():
-                    return read, steps, rows, bad, nonfinite, truncated, loss, finite
-
-                out = tf.cond(element.has_value(), consume, done)
-                return (*out, element.has_value())
-
-            def cond(*state):
-                return tf.logical_and(state[-1], state[-2])  # more input, finite loss
-
-            initial = (zero, zero, zero, zero, zero, zero, no_loss, tf.constant(True), tf.constant(True))
-            return tf.while_loop(cond, body, initial)[:-1]
+            return tuple(train_chunk(model, iterator, prefetch, applied, step=train_step))
 
         return tf.function(chunk, autograph=False)
 
