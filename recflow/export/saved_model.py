@@ -111,10 +111,11 @@ class ServingModule(tf.Module):
                 "candidate": self.candidate.get_concrete_function(),
             }
         else:
-            self.serve = tf.function(
+            # Only the concrete function is kept: a tf.function attribute would be traced
+            # again when the module is saved.
+            self.serving_default = tf.function(
                 serve, input_signature=[signature(f.name for f in config.features)], autograph=False
-            )
-            self.serving_default = self.serve.get_concrete_function()
+            ).get_concrete_function()
             self.serving_signatures = {"serving_default": self.serving_default}
         # Traced first: a model restored without a step creates its weights here.
         self.dense_variables = list(model.variables)
