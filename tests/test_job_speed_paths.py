@@ -9,8 +9,7 @@ import tensorflow as tf
 
 from recflow.cli import main
 from recflow.config import load_config
-from recflow.data import generate
-from recflow.data import pipeline
+from recflow.data import generate, pipeline
 from recflow.training.timing import PHASES
 from recflow.training.trainer import Trainer
 
