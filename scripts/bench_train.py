@@ -267,13 +267,16 @@ def chart(path: str, results: dict, title: str) -> None:
     systems = [s for s in SYSTEMS if s in results]
     fig, (speed, quality) = plt.subplots(1, 2, figsize=(11, 4.2))
     x = range(len(systems))
-    job = [results[s]["job_examples_per_sec"] for s in systems]
-    train = [results[s]["train_examples_per_sec"] for s in systems]
-    width = 0.38
-    bars = speed.bar([i - width / 2 for i in x], job, width, label="whole job")
-    speed.bar_label(bars, fmt="{:,.0f}", fontsize=8)
-    bars = speed.bar([i + width / 2 for i in x], train, width, label="training loop")
-    speed.bar_label(bars, fmt="{:,.0f}", fontsize=8)
+    series = [("whole job", [results[s]["job_examples_per_sec"] for s in systems]),
+              ("training loop", [results[s]["train_examples_per_sec"] for s in systems])]  # fmt: skip
+    steady = [results[s]["steady_examples_per_sec"] or 0.0 for s in systems]
+    if any(steady):
+        series.append(("steady state (epochs 2..)", steady))
+    width = 0.8 / len(series)
+    for k, (label, values) in enumerate(series):
+        offset = (k - (len(series) - 1) / 2) * width
+        bars = speed.bar([i + offset for i in x], values, width, label=label)
+        speed.bar_label(bars, fmt="{:,.0f}", fontsize=7)
     speed.set_xticks(list(x), systems, fontsize=9)
     speed.set_ylabel("examples / s")
     speed.set_title("speed (higher is better)")
