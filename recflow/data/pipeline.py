@@ -302,14 +302,13 @@ def fatal_checks(config: Config, decoded: dict) -> list[Check]:
         if use.kind != LABEL or not use.binary or use.positive is not None:
             continue
         value = decoded[use.key]
-        text = tf.strings.as_string(value, shortest=True)
         checks.append(
             (
                 tf.equal(value, 0.0) | tf.equal(value, 1.0) | ~tf.math.is_finite(value),
-                lambda i, use=use, text=text: tf.strings.join(
+                lambda i, use=use, value=value: tf.strings.join(
                     [
                         f"label '{use.column}': a binary task needs 0 or 1, got ",
-                        text[i],
+                        tf.strings.as_string(value[i], shortest=True),  # the one row named
                         f" (map raw values to 1 with data.positive: {{{use.column}: [...]}},"
                         " or use task.type: regression)",
                     ]
