@@ -90,12 +90,22 @@ def deepfm_config(
     lr: float = 0.005,
     fusion: bool = True,
     model_dir: str = "runs/bench",
+    csv: tuple[str, str] | None = None,
 ) -> list[str]:
-    """`--set` overrides of configs/criteo_bench.yaml for a benchmark run."""
+    """`--set` overrides of configs/criteo_bench.yaml for a benchmark run.
+
+    With `csv` = (train file, eval file) the run reads those CSV files (see
+    `write_csv`) instead of generating the synthetic rows in memory.
+    """
     units = "[" + ", ".join(str(u) for u in hidden) + "]"
-    overrides = [
-        "data.format=synthetic",
-        f"data.synthetic={{rows: {rows}, eval_rows: {eval_rows}, seed: {seed}, schema: criteo}}",
+    if csv is None:
+        data = [
+            "data.format=synthetic",
+            f"data.synthetic={{rows: {rows}, eval_rows: {eval_rows}, seed: {seed}, schema: criteo}}",
+        ]
+    else:
+        data = ["data.format=csv", f"data.train={json.dumps(csv[0])}", f"data.eval={json.dumps(csv[1])}"]
+    overrides = data + [
         f"data.batch_size={batch_size}",
         f"train.epochs={epochs}",
         f"train.optimizer={{type: adam, learning_rate: {lr}}}",

@@ -72,7 +72,7 @@ def _open(file: str, columns: list[str]) -> tf.data.Dataset:
     if all(c in ds.element_spec for c in columns):
         return ds
     # Some tensorflow-io builds key the element by bytes column names.
-    return ds.map(lambda row: {c: row[c.encode()] for c in columns})
+    return ds.map(pipeline.plain(lambda row: {c: row[c.encode()] for c in columns}))
 
 
 def _caster(dtypes: dict[str, tf.DType]):
@@ -98,7 +98,7 @@ def dataset(
             for use in uses:  # fail now, naming the file, when a stored type cannot serve
                 pipeline.typed(tf.zeros([0], dtype=dtypes[use.column]), use, files[i])
         elif spec != dtypes:
-            ds = ds.map(_caster(dtypes))
+            ds = ds.map(pipeline.plain(_caster(dtypes)))
         ds = ds.enumerate(start=i * pipeline.FILE_STRIDE + 1)
         combined = ds if combined is None else combined.concatenate(ds)
     ds = pipeline.batched(combined, config.data, shuffle=shuffle, epochs=epochs)

@@ -36,6 +36,7 @@ AUTOTUNE = tf.data.AUTOTUNE
 NONFINITE = "/nonfinite"  # features key: count of non-finite numeric values in the batch
 TRUNCATED = "/truncated"  # transformed features key: multi_hot rows cut to max_values
 FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
+SHUFFLE_BLOCK = 256  # records shuffled as one block (see `batched`)
 # A validity check of a batch: (ok [batch] bool, row index -> scalar reason string).
 Check = tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]
 
@@ -176,23 +177,54 @@ def numbered(
     def one_file(index, name):
         return reader(name).enumerate(start=index * FILE_STRIDE + first)
 
-    return ds.interleave(one_file, cycle_length=min(len(files), 4) if shuffle else 1)
+    return ds.interleave(plain(one_file), cycle_length=min(len(files), 4) if shuffle else 1)
 
 
 def batched(
     ds: tf.data.Dataset, data: DataConfig, *, shuffle: bool, epochs: int | None
 ) -> tf.data.Dataset:
-    """Shuffles records (seeded buffer), repeats, batches."""
-    if shuffle:
-        ds = ds.shuffle(data.shuffle_buffer, seed=data.seed, reshuffle_each_iteration=True)
+    """Shuffles records (seeded), repeats, batches.
+
+    The shuffle works on blocks of up to `SHUFFLE_BLOCK` consecutive records, so
+    no op runs per record: each block's records are permuted (stateless, seeded by
+    `data.seed` and the block's number) and the blocks are shuffled in a window of
+    `data.shuffle_buffer` records (at least 8 blocks); then the blocks are cut into
+    batches of `data.batch_size` records.
+    """
+    if not shuffle:
+        if epochs is None or epochs != 1:
+            ds = ds.repeat(epochs)
+        return ds.batch(data.batch_size)
+    block = max(1, min(SHUFFLE_BLOCK, data.shuffle_buffer // 8))
+    seed = data.seed
+
+    def permute(number, records):
+        n = tf.shape(tf.nest.flatten(records)[0])[:1]
+        order = tf.random.experimental.stateless_shuffle(
+            tf.range(n[0]), seed=tf.stack([tf.constant(seed, tf.int64), number])
+        )
+        return tf.nest.map_structure(lambda t: tf.gather(t, order), records)
+
+    ds = ds.batch(block).enumerate().map(plain(permute))
+    ds = ds.shuffle(-(-data.shuffle_buffer // block), seed=seed, reshuffle_each_iteration=True)
     if epochs is None or epochs != 1:
         ds = ds.repeat(epochs)
-    return ds.batch(data.batch_size)
+    return ds.rebatch(data.batch_size)
 
 
 def finish(ds: tf.data.Dataset, fn: Callable) -> tf.data.Dataset:
-    """The vectorized per-batch map (parallel, order kept) and prefetch."""
+    """The vectorized per-batch map (parallel, order kept) and prefetch.
+
+    `fn` is plain tensor code: it is traced as written, without AutoGraph (converting
+    the parse functions cost seconds per pipeline).
+    """
+    fn = plain(fn)
     return ds.map(fn, num_parallel_calls=AUTOTUNE, deterministic=True).prefetch(AUTOTUNE)
+
+
+def plain(fn: Callable) -> Callable:
+    """`fn` marked for tracing without AutoGraph (in `Dataset.map` and `tf.function`)."""
+    return tf.autograph.experimental.do_not_convert(fn)
 
 
 def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
@@ -270,14 +302,13 @@ def fatal_checks(config: Config, decoded: dict) -> list[Check]:
         if use.kind != LABEL or not use.binary or use.positive is not None:
             continue
         value = decoded[use.key]
-        text = tf.strings.as_string(value, shortest=True)
         checks.append(
             (
                 tf.equal(value, 0.0) | tf.equal(value, 1.0) | ~tf.math.is_finite(value),
-                lambda i, use=use, text=text: tf.strings.join(
+                lambda i, use=use, value=value: tf.strings.join(
                     [
                         f"label '{use.column}': a binary task needs 0 or 1, got ",
-                        text[i],
+                        tf.strings.as_string(value[i], shortest=True),  # the one row named
                         f" (map raw values to 1 with data.positive: {{{use.column}: [...]}},"
                         " or use task.type: regression)",
                     ]

@@ -25,7 +25,7 @@ from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable, plan_tables
 from recflow.embedding.rows import KEY_BYTES, RowLayout
 from recflow.embedding.table import MIN_LOAD, ShardedTable
 from recflow.errors import RecflowError
-from recflow.features.keys import KEY_FORMAT, decode, encode, slot_of
+from recflow.features.keys import KEY_FORMAT, decode, encode_parts, slot_of
 
 LINEAR_OUTPUT = "/linear"  # tower input `<feature>/linear`: first-order weight [B, 1]
 MASK_OUTPUT = "/mask"  # tower input `<sequence>/mask`: [B, max_len] bool
@@ -253,8 +253,8 @@ class EmbeddingEngine(tf.Module):
         return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
 
     def _keys(self, table: _PhysicalTable, ids: dict) -> tf.Tensor:
-        parts = [encode(self._flat_ids(ids[u.feature.name]), u.slot) for u in table.uses]
-        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
+        parts = [self._flat_ids(ids[u.feature.name]) for u in table.uses]
+        return encode_parts(parts, [u.slot for u in table.uses])
 
     def _assemble(self, table: _PhysicalTable, emb: tf.Tensor, index: tf.Tensor, ids: dict) -> dict:
         """Gathers each use's rows from the unique embeddings and pools / pads them."""

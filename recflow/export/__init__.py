@@ -8,7 +8,12 @@ named `export` could not be told apart from this subpackage once imported).
 import sys
 import types
 
-from recflow.export.saved_model import ServingModule, existing_versions, export_saved_model
+from recflow.export.saved_model import (
+    Exporter,
+    ServingModule,
+    existing_versions,
+    export_saved_model,
+)
 
 
 class _CallableModule(types.ModuleType):
@@ -20,4 +25,4 @@ class _CallableModule(types.ModuleType):
 
 sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["ServingModule", "existing_versions", "export_saved_model"]
+__all__ = ["Exporter", "ServingModule", "existing_versions", "export_saved_model"]

@@ -39,11 +39,17 @@ class ServingModule(tf.Module):
 
     Args:
         model: the trained model; its dense weights are shared, its tables copied.
+        step: the global step it serves (`global_step`).
+
+    `refresh` copies the model's current rows and step in again, so one module
+    (traced once) serves every periodic export of a run.
     """
 
     def __init__(self, model: RankingModel, step: int = 0):
         super().__init__(name="recflow_serving")
         config = model.config
+        # A closure, not an attribute: the module must not track (and save) the model.
+        self._serving_rows = model.embedding.serving_rows
         self.global_step = tf.Variable(step, dtype=tf.int64, trainable=False, name="global_step")
         engine = model.embedding
         self.tables = []
@@ -63,6 +69,7 @@ class ServingModule(tf.Module):
                 table.insert(keys, emb)
             self.tables.append(table)
             dims.append(physical.spec.dim)
+        self._dims = dims
 
         def read(i, keys):
             return tf.reshape(self.tables[i].lookup(keys), [-1, dims[i]])
@@ -71,7 +78,7 @@ class ServingModule(tf.Module):
             # A signature over some of the features (a retrieval side) feeds the others empty.
             batch = tf.shape(next(iter(raw.values())))[:1]
             raw = {
-                f.name: raw[f.name] if f.name in raw else _empty(f, batch) for f in config.features
+                f.name: raw[f.name] if f.name in raw else empty_column(f, batch) for f in config.features
             }
             ids, dense = model.split_features(transform(config, raw))
             inputs = dict(dense)
@@ -79,7 +86,9 @@ class ServingModule(tf.Module):
             return inputs
 
         def serve(raw):
-            logits = model._logits_by_head(model.tower(embed(raw), training=False))
+            # The model's inference tower function: AutoGraph converts a user tower there
+            # (once: evaluation traced it for the same shapes already).
+            logits = model._logits_by_head(model._infer_tower(embed(raw)))
             return {h.output: h.export_output(logits[h.name]) for h in model.heads}
 
         def signature(names):
@@ -102,16 +111,41 @@ class ServingModule(tf.Module):
                 "candidate": self.candidate.get_concrete_function(),
             }
         else:
-            self.serve = tf.function(
-                serve, input_signature=[signature(f.name for f in config.features)]
-            )
-            self.serving_default = self.serve.get_concrete_function()
+            # Only the concrete function is kept: a tf.function attribute would be traced
+            # again when the module is saved.
+            self.serving_default = tf.function(
+                serve, input_signature=[signature(f.name for f in config.features)], autograph=False
+            ).get_concrete_function()
             self.serving_signatures = {"serving_default": self.serving_default}
         # Traced first: a model restored without a step creates its weights here.
         self.dense_variables = list(model.variables)
 
+    def refresh(self, step: int) -> None:
+        """Copies the model's current rows (evicted keys leave) and `step` into the module."""
+        self.global_step.assign(step)
+        for index, table in enumerate(self.tables):
+            keys, emb = self._serving_rows(index)
+            with tf.device("/cpu:0"):
+                _reset(table, serving_buckets(int(keys.shape[0])), self._dims[index])
+                table.insert(keys, emb)
 
-def _empty(feature, batch: tf.Tensor) -> tf.Tensor:
+
+def _reset(table, buckets: int, dim: int) -> None:
+    """Empties a DenseHashTable to `buckets` empty buckets (no erase: see DESIGN section 9)."""
+    spec = tf.TensorSpec([None], tf.int64)
+
+    @tf.function(input_signature=[spec, spec], autograph=False)
+    def empty(keys_shape, values_shape):
+        tf.raw_ops.LookupTableImportV2(
+            table_handle=table.resource_handle,
+            keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY, tf.int64)),
+            values=tf.zeros(values_shape, tf.float32),
+        )
+
+    empty(tf.constant([buckets, 1], tf.int64), tf.constant([buckets, dim], tf.int64))
+
+
+def empty_column(feature, batch: tf.Tensor) -> tf.Tensor:
     """A column of empty raw values: -1 (int64), "" (string) or NaN (float32)."""
     dtype = serving_dtype(feature)
     value = {tf.int64: tf.constant(-1, tf.int64), tf.string: tf.constant("")}.get(
@@ -143,32 +177,61 @@ def portable_config(config) -> dict:
     return raw
 
 
+class Exporter:
+    """Writes SavedModel versions of one model, reusing one `ServingModule`.
+
+    The serving module is built (and its signatures traced) on the first export;
+    later exports refresh its tables and step from the model and save it again.
+
+    Args:
+        model: the model to export (its current weights at each export).
+    """
+
+    def __init__(self, model: RankingModel):
+        self.model = model
+        self.module: ServingModule | None = None
+
+    def export(self, model_dir: str, keep: int | None = None, step: int | None = None) -> str:
+        """Writes `MODEL_DIR/export/<step>/` atomically; keeps the newest `keep` versions.
+
+        `step` defaults to the model's global step. An existing export of the same
+        step is replaced by a rename (readers never see a partial version).
+        """
+        model = self.model
+        if step is None:
+            step = int(model.global_step)
+        if self.module is None:
+            self.module = ServingModule(model, step)
+        else:
+            self.module.refresh(step)
+        export_dir = os.path.join(model_dir, "export")
+        final = os.path.join(export_dir, str(step))
+        with staged_dir(final) as tmp:
+            tf.saved_model.save(self.module, tmp, signatures=self.module.serving_signatures, options=SAVE_OPTIONS)
+            extra = os.path.join(tmp, "assets.extra")
+            os.makedirs(extra, exist_ok=True)
+            with open(os.path.join(extra, "recflow_config.yaml"), "w", encoding="utf-8") as f:
+                yaml.safe_dump(portable_config(model.config), f, sort_keys=False)
+            write_json(os.path.join(extra, "manifest.json"), {"step": step, "version": step})
+            if os.path.isdir(final):  # the same step exported before (a replayed step)
+                old = os.path.join(export_dir, f".tmp-replaced-{step}")
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(final, old)
+                shutil.rmtree(old, ignore_errors=True)
+        if keep:
+            for old in existing_versions(export_dir)[:-keep]:
+                shutil.rmtree(os.path.join(export_dir, str(old)), ignore_errors=True)
+        return final
+
+
+# The serving graph only: no debug info, no gradient functions of custom gradients.
+SAVE_OPTIONS = tf.saved_model.SaveOptions(
+    save_debug_info=False, experimental_custom_gradients=False
+)
+
+
 def export_saved_model(
     model: RankingModel, model_dir: str, keep: int | None = None, step: int | None = None
 ) -> str:
-    """Writes `MODEL_DIR/export/<step>/` atomically; keeps the newest `keep` versions.
-
-    `step` defaults to the model's global step. An existing export of the same
-    step is replaced by a rename (readers never see a partial version).
-    """
-    if step is None:
-        step = int(model.global_step)
-    export_dir = os.path.join(model_dir, "export")
-    final = os.path.join(export_dir, str(step))
-    module = ServingModule(model, step)
-    with staged_dir(final) as tmp:
-        tf.saved_model.save(module, tmp, signatures=module.serving_signatures)
-        extra = os.path.join(tmp, "assets.extra")
-        os.makedirs(extra, exist_ok=True)
-        with open(os.path.join(extra, "recflow_config.yaml"), "w", encoding="utf-8") as f:
-            yaml.safe_dump(portable_config(model.config), f, sort_keys=False)
-        write_json(os.path.join(extra, "manifest.json"), {"step": step, "version": step})
-        if os.path.isdir(final):  # the same step exported before (a replayed step)
-            old = os.path.join(export_dir, f".tmp-replaced-{step}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-            shutil.rmtree(old, ignore_errors=True)
-    if keep:
-        for old in existing_versions(export_dir)[:-keep]:
-            shutil.rmtree(os.path.join(export_dir, str(old)), ignore_errors=True)
-    return final
+    """Writes `MODEL_DIR/export/<step>/` with a new `Exporter` (see `Exporter.export`)."""
+    return Exporter(model).export(model_dir, keep=keep, step=step)

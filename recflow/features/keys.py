@@ -78,6 +78,22 @@ def encode(ids: tf.Tensor, slot: int) -> tf.Tensor:
     return _mix(ids)
 
 
+def encode_parts(parts: list[tf.Tensor], slots: list[int]) -> tf.Tensor:
+    """Table keys of several id vectors, `parts[i]` read through logical table `slots[i]`,
+    concatenated: `concat([encode(p, s) for p, s in zip(parts, slots)])` in one mix."""
+    for slot in slots:
+        if not 0 <= slot < MAX_SLOTS:
+            raise ValueError(f"slot must be in [0, {MAX_SLOTS}). Received: slot={slot}")
+    if len(parts) == 1:
+        return encode(parts[0], slots[0])
+    ids = tf.concat(parts, axis=0)
+    if any(slots):
+        bits = tf.constant([s << ID_BITS for s in slots], tf.int64)
+        sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in parts])
+        ids = tf.bitwise.bitwise_or(ids, tf.repeat(bits, sizes))
+    return _mix(ids)
+
+
 def _unxorshift(y: np.ndarray, s: int) -> np.ndarray:
     x = y.copy()
     for _ in range(_BITS // s + 1):

@@ -112,6 +112,20 @@ class RankingModel(keras.Model):
         """Raw columns (serving form) -> predictions."""
         return self(transform(self.config, raw), training=False)
 
+    def build_weights(self) -> None:
+        """Creates the dense weights and the optimizer's slots now (one eager pass over an
+        empty row), so a training step is traced once instead of twice (a tf.function
+        that creates variables on its first trace is traced again)."""
+        from recflow.export.saved_model import empty_column  # noqa: PLC0415 (export imports models)
+
+        raw = {f.name: empty_column(f, tf.constant([1])) for f in self.config.features}
+        ids, dense = self.split_features(transform(self.config, raw))
+        inputs = dict(dense)
+        inputs.update(self.embedding.embed(ids))
+        self.tower(inputs, training=False)
+        if self.optimizer is not None and self.trainable_variables:
+            self.optimizer.build(self.trainable_variables)
+
     # ------------------------------------------------------------------ training
 
     def compute_total_loss(self, labels: dict, logits: dict) -> tf.Tensor:

@@ -34,6 +34,7 @@ class DeepFM(RankingModel):
         self.fm = FM() if fm else None
         self.numeric_linear = keras.layers.Dense(1, name="numeric_linear")
 
+    @tf.autograph.experimental.do_not_convert  # plain tensor code: traces as written, fast
     def tower(self, inputs, training=False):
         fields = self.pooled(inputs)
         numeric = self.numeric(inputs)

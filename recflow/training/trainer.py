@@ -22,15 +22,15 @@ from recflow.embedding import lifecycle
 from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
 from recflow.errors import DataError
-from recflow.export.saved_model import export_saved_model
+from recflow.export.saved_model import Exporter
 from recflow.features import fit
 from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
-from recflow.models.heads import RetrievalHead
-from recflow.training import metrics as metrics_lib
 from recflow.training import model_dir as model_dir_lib
 from recflow.training.callbacks import CallbackList, default_callbacks
+from recflow.training.evaluator import Evaluator
 from recflow.training.runner import LocalRunner
+from recflow.training.timing import Timing
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +87,14 @@ class Trainer:
             logger.warning(warning)
         self.config = config
         self.verbose = verbose
+        self.timing = Timing()
         keras.utils.set_random_seed(config.train.seed)  # dense initial weights, dropout
         self.model: RankingModel = build_model(config, placement)
         self.model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
+        self.model.build_weights()  # before any step is traced: the step traces once
+        self.model.train_step = self.timing.traced(self.model.train_step)
+        self._evaluator: Evaluator | None = None  # one per trainer: its predict traces once
+        self._exporter = Exporter(self.model)  # one serving module, refreshed per export
         self._checkpoint = None
         self._manager = None
         # The step of the last delta written, saved in each checkpoint: a resume
@@ -123,6 +128,7 @@ class Trainer:
     def _transformed(self, ds):
         config = self.config
 
+        @tf.autograph.experimental.do_not_convert  # plain tensor code: traced as written
         def fn(raw, labels, bad):
             counts: dict = {}
             features = transform(config, raw, counts)
@@ -154,6 +160,7 @@ class Trainer:
 
     def epoch_dataset(self, epoch: int):
         """One pass over the training data, shuffled differently each epoch."""
+        self.timing.pass_begins(epoch)
         data = dataclasses.replace(self.config.data, seed=self.config.data.seed + epoch)
         config = dataclasses.replace(self.config, data=data)
         ds = data_lib.make_dataset(config, "train", epochs=1)
@@ -263,7 +270,8 @@ class Trainer:
     def export(self) -> str:
         """Writes `export/<global step>/` (replacing an export of the same step)."""
         step = int(self.model.global_step)
-        return export_saved_model(self.model, self.model_dir, keep=self.config.export.keep, step=step)
+        with self.timing.phase("export"):
+            return self._exporter.export(self.model_dir, keep=self.config.export.keep, step=step)
 
     # ------------------------------------------------------------------ train
 
@@ -399,83 +407,12 @@ class Trainer:
     # ------------------------------------------------------------------ evaluate
 
     def evaluate(self) -> dict:
-        """Exact metrics over the eval split (the train split when there is none)."""
-        config = self.config
-        split = "eval" if (config.data.eval or config.data.format == "synthetic") else "train"
-        model = self.model
-        if isinstance(model.heads[0], RetrievalHead):
-            return self._evaluate_retrieval(split)
-        dataset = self.dataset(split, epochs=1, shuffle=False)
-        predict = tf.function(
-            lambda f: model(f, training=False),
-            input_signature=[dataset.element_spec[0]],
-            autograph=False,
-        )
-        group_by = config.task.group_by
-        labels = {h.label: [] for h in model.heads}
-        preds = {h.output: [] for h in model.heads}
-        groups, bad = [], 0
-        for features, batch_labels, batch_bad in dataset:
-            out = predict(features)
-            for head in model.heads:
-                labels[head.label].append(batch_labels[head.label].numpy())
-                preds[head.output].append(out[head.output].numpy().reshape(-1))
-            if group_by:
-                groups.append(np.asarray(features[group_by]).reshape(-1))
-            bad += int(batch_bad)
-        result = {"eval_split": split, "eval_examples": 0}
-        for head in model.heads:
-            y = np.concatenate(labels[head.label]) if labels[head.label] else np.zeros(0)
-            p = np.concatenate(preds[head.output]) if preds[head.output] else np.zeros(0)
-            result["eval_examples"] = int(y.size)
-            g = np.concatenate(groups) if groups else None
-            prefix = "" if len(model.heads) == 1 else f"{head.name}/"
-            for name in head.metric_names(config.task):
-                value = metrics_lib.compute(name, y, p, g) if y.size else float("nan")
-                result[prefix + name] = round(value, 6)
-        result["eval_bad_records"] = bad
-        return result
-
-    def _evaluate_retrieval(self, split: str) -> dict:
-        """recall@K: each positive row's query against every distinct candidate of the split.
-
-        Candidates are deduplicated by the raw values of the candidate features;
-        `eval_candidates` is their number (a random ranking scores K / eval_candidates).
-        """
-        config, model = self.config, self.model
-        head = model.heads[0]
-        dataset = data_lib.make_dataset(config, split, epochs=1, shuffle=False)  # raw columns
-        predict = tf.function(
-            lambda raw: model(transform(config, raw), training=False)[head.output],
-            input_signature=[dataset.element_spec[0]],
-            autograph=False,
-        )
-        queries, candidates, labels, bad = [], [], [], 0
-        columns = {name: [] for name in model.candidate_features}
-        for raw, batch_labels, batch_bad in dataset:
-            out = predict(raw)
-            queries.append(out["query"].numpy())
-            candidates.append(out["candidate"].numpy())
-            labels.append(batch_labels[head.label].numpy().reshape(-1))
-            for name, values in columns.items():
-                values.append(raw[name].numpy())
-            bad += int(batch_bad)
-        y = np.concatenate(labels) if labels else np.zeros(0)
-        positive = y > 0
-        result = {"eval_split": split, "eval_examples": int(y.size)}
-        result["eval_queries"] = int(positive.sum())
-        index, first = np.zeros(0, np.int64), np.zeros(0, np.int64)
-        if y.size:
-            index, first = metrics_lib.distinct_rows([np.concatenate(c) for c in columns.values()])
-        result["eval_candidates"] = int(first.size)
-        if positive.any():
-            q, c = np.concatenate(queries)[positive], np.concatenate(candidates)[first]
-        for name in head.metric_names(config.task):
-            k = int(name.partition("@")[2])
-            value = metrics_lib.recall_at_k(q, c, index[positive], k) if positive.any() else np.nan
-            result[name] = round(float(value), 6)
-        result["eval_bad_records"] = bad
-        return result
+        """Exact metrics over the eval split (the train split when there is none);
+        see `recflow.training.evaluator.Evaluator`."""
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.config, self.model, self._transformed)
+        with self.timing.phase("eval"):
+            return self._evaluator.evaluate()
 
     def run(self, train: Callable[[], dict] | None = None) -> dict:
         """train -> evaluate -> export -> metrics.json; returns the metrics.
@@ -483,7 +420,8 @@ class Trainer:
         `train` replaces `fit` (e.g. streaming training); evaluation then runs
         only when `data.eval` is set.
         """
-        summary = (train or self.fit)()
+        with self.timing.phase("train"):
+            summary = (train or self.fit)()
         if summary.get("already_done"):
             return summary
         evaluate = train is None or self.config.data.eval
@@ -500,6 +438,8 @@ class Trainer:
             oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
             result["oracle_auc"] = round(float(oracle), 6)
         result["export"] = self.export()
+        passes = (self.config.train.total_epochs or 0) if train is None else 0
+        result["timing"] = self.timing.as_dict(summary.get("examples", 0), passes)
         writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
         with writer.as_default(step=result["steps"]):
             for key, value in result.items():
