@@ -1,7 +1,7 @@
 """Input splits for parameter-server training: each row read once per epoch, by one worker.
 
 An epoch's input is cut into splits: one per training file, or for synthetic
-data `SYNTHETIC_SPLITS` row ranges (each a whole number of batches). The chief
+data `SPLITS_PER_WORKER` row ranges per worker (whole batches each). The chief
 hands out *chunks* of splits, `(split, first batch, batch count)`, as
 `ClusterCoordinator` closures; a closure builds that chunk's dataset on the
 worker that runs it and trains every batch of it there. So a row is read by one
@@ -32,7 +32,7 @@ from recflow.data import pipeline, sources
 
 logger = logging.getLogger(__name__)
 
-SYNTHETIC_SPLITS = 16  # row ranges of a synthetic epoch (fewer when there are fewer batches)
+SPLITS_PER_WORKER = 4  # synthetic row ranges per worker: load balance vs per-chunk start-up
 UNLIMITED = 2**62  # a chunk's batch count: to the end of its split
 FINISHED = -1  # SplitState position of a split whose every batch is trained
 
@@ -61,11 +61,14 @@ class Split:
         return self.file if self.file is not None else f"synthetic rows [{self.start}, {self.stop})"
 
 
-def make_splits(config: Config) -> list[Split]:
-    """The splits of the training data: one per file, or synthetic row ranges.
+def make_splits(config: Config, num_workers: int) -> list[Split]:
+    """The splits of the training data: one per file, or `SPLITS_PER_WORKER` synthetic
+    row ranges per worker (fewer when there are fewer batches).
 
     Synthetic ranges hold whole batches (the last one the rest), so a split's
-    batches are the batches a single pass would make.
+    batches are the batches a single pass would make. (A chief restarted with
+    another worker count finds a split state of another length: it starts the
+    epoch over, with a warning.)
     """
     data = config.data
     if data.format != "synthetic":
@@ -73,7 +76,7 @@ def make_splits(config: Config) -> list[Split]:
         return [Split(i, file=f) for i, f in enumerate(files)]
     rows, batch = data.synthetic.rows, data.batch_size
     batches = -(-rows // batch)
-    count = max(1, min(SYNTHETIC_SPLITS, batches))
+    count = max(1, min(SPLITS_PER_WORKER * num_workers, batches))
     bounds = [min(rows, (batches * i // count) * batch) for i in range(count + 1)]
     return [Split(i, start=bounds[i], stop=bounds[i + 1]) for i in range(count)]
 

@@ -116,14 +116,14 @@ def _shares(total: int, parts: int) -> list[int]:
 class PSRunner:
     """Runs an epoch's input splits as chunks on the parameter-server workers.
 
-    A wave hands one chunk to each of up to #workers unfinished splits, then
-    joins: checkpoints (and every other callback) run between waves, when no
-    closure is in flight. A chunk of a synthetic split ends at the next hook
-    boundary (`train.checkpoint_every_steps`, `export.every_steps`,
-    `export.delta_every_steps`, `train.log_every_steps`, the `train.steps`
-    target), so hooks run at their exact steps; a file's chunk runs to the end
-    of the file (reading a file from the middle re-reads its start), or to the
-    target, and hooks run at the first wave end at or after their step.
+    A wave schedules chunks, then joins: checkpoints (and every other callback)
+    run between waves, when no closure is in flight. Synthetic chunks fill the
+    steps up to the next hook boundary (`train.checkpoint_every_steps`,
+    `export.every_steps`, `export.delta_every_steps`, `train.log_every_steps`,
+    the `train.steps` target) exactly, so hooks run at their exact steps; a
+    wave of files gives one file to each worker, each chunk to the end of its
+    file (reading a file from the middle re-reads its start) or its share of
+    the target, and hooks run at the first wave end at or after their step.
 
     Args:
         trainer: a `PSTrainer` (strategy, coordinator, role).
@@ -134,9 +134,9 @@ class PSRunner:
 
         self.trainer = trainer
         self.splits_lib = splits_lib
-        self.splits = splits_lib.make_splits(trainer.config)
-        self.state = splits_lib.SplitState(len(self.splits))
         self.workers = len(trainer.role.cluster["worker"])
+        self.splits = splits_lib.make_splits(trainer.config, self.workers)
+        self.state = splits_lib.SplitState(len(self.splits))
         self.synthetic = None
         if trainer.config.data.format == "synthetic":
             self.synthetic = splits_lib.SyntheticChunks(trainer.config)
@@ -211,11 +211,43 @@ class PSRunner:
             points.append(target)
         return min(points) if points else None
 
+    def _batches(self, split) -> int | None:
+        """The batches of a split when known without reading it (synthetic row ranges)."""
+        if not split.seekable:
+            return None
+        return -(-(split.stop - split.start) // self.trainer.config.data.batch_size)
+
+    def _plan(self, order, positions, step, boundary, target) -> list:
+        """The chunks `(split, batches)` of the next wave.
+
+        Synthetic splits (lengths known): as many chunks as fill the steps up to the next
+        boundary exactly, in split order; the coordinator queues them for free workers.
+        Files: one chunk per worker, each to the end of its file, the `train.steps` target
+        shared out.
+        """
+        splits_lib = self.splits_lib
+        if self.splits[order[0]].seekable:
+            plan, left = [], None if boundary is None else boundary - step
+            for i in order:
+                split = self.splits[i]
+                take = self._batches(split) - positions[i]
+                take = take if left is None else min(take, left)
+                if take > 0:
+                    plan.append((split, take))
+                if left is not None:
+                    left -= take
+                    if left <= 0:
+                        break
+            return plan
+        wave = [self.splits[i] for i in order[: self.workers]]
+        counts = [splits_lib.UNLIMITED] * len(wave) if target is None else _shares(target - step, len(wave))
+        return [(split, count) for split, count in zip(wave, counts) if count > 0]
+
     def run_epoch(self, epoch: int, target: int | None) -> int:
         """Trains the unfinished splits of `epoch` (or to `target` steps); returns the
         examples trained (each row once, whatever was retried)."""
         trainer, splits_lib = self.trainer, self.splits_lib
-        model, unlimited = trainer.model, splits_lib.UNLIMITED
+        model = trainer.model
         positions = self.state.read()
         order = [i for i in splits_lib.epoch_order(trainer.config, self.splits, epoch)
                  if positions[i] != splits_lib.FINISHED]
@@ -224,14 +256,10 @@ class PSRunner:
         examples = bad_rows = 0
         while order and (target is None or step < target) and not trainer.stop_requested:
             boundary = self._boundary(step, target)
-            wave = [self.splits[i] for i in order[: self.workers]]
-            cut = _shares(boundary - step, len(wave)) if boundary is not None else [unlimited] * len(wave)
-            stop = _shares(target - step, len(wave)) if target is not None else [unlimited] * len(wave)
-            counts = [c if split.seekable else s for split, c, s in zip(wave, cut, stop)]
+            plan = self._plan(order, positions, step, boundary, target)
             scheduled = [
                 (split, count, self._schedule(split, epoch, positions[split.index], count))
-                for split, count in zip(wave, counts)
-                if count > 0
+                for split, count in plan
             ]
             trainer.coordinator.join()
             loss = None
@@ -243,7 +271,7 @@ class PSRunner:
                         "(normalizers) or lower the learning rates"
                     )
                 positions[split.index] += int(read)
-                if read < count:  # the split ran out
+                if read < count or positions[split.index] == self._batches(split):  # ran out
                     positions[split.index] = splits_lib.FINISHED
                     order.remove(split.index)
                 examples, bad_rows = examples + int(rows), bad_rows + int(bad)
