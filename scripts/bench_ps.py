@@ -4,13 +4,16 @@ and a paper model of how steps/s scales with workers.
 Per setup (1 PS + 1 worker, 2 + 2, 4 + 4; real `recflow launch` clusters on loopback):
 
 1. One epoch: steps, seconds, examples trained and `examples_read` (rows read from
-   the data by all workers; 1.00x the rows means each row was read once).
+   the data by all workers; 1.00x the rows means each row was read once), steps/s
+   against the single process, and AUC; 1 PS + 1 worker also with
+   `train.prefetch_embeddings` (README "Prefetching embeddings").
 2. Per step and worker, from the traced train step on an in-process cluster of P PS
    tasks (DESIGN.md section 7: one lookup and one insert per physical table and shard):
    tensor transfers between the worker and the PS tasks (each cross-device edge of the
    step graph is one RecvTensor RPC in TF's gRPC runtime; remote ops are counted too)
-   and bytes moved, from a real batch's unique keys per shard, the packed row width and
-   the dense variables (read, then gradients pushed).
+   and bytes moved, from a real batch's unique keys per shard (keys and counts out,
+   embeddings back, gradients out: the sparse optimizer runs on the PS) and the dense
+   variables (read, then gradients pushed).
 3. Keys per shard under Zipf ids (a = 1.1 over 10^6 ids, batch keys): distinct keys per
    shard per step, max / mean.
 
@@ -67,7 +70,7 @@ def run_job(command: str, model_dir: str, extra: list[str], sets: list[str]) -> 
     return {
         "steps": m["steps"], "seconds": m["train_seconds"],
         "steps_per_sec": round(m["steps"] / m["train_seconds"], 2),
-        "examples": m["examples"], "examples_read": m["examples_read"],
+        "examples": m["examples"], "examples_read": m["examples_read"], "auc": m.get("auc"),
     }
 
 
@@ -130,9 +133,10 @@ def step_costs(batch: int, ps_counts: list[int]) -> list[dict]:
             keys, _ = tf.unique(model.embedding._keys(table, ids))
             shards = np.bincount(placement.shard_of(keys).numpy(), minlength=num_ps)
             keys_per_shard += shards
-            width = table.layout.width
-            # lookup: keys out, packed rows back; insert: keys and packed rows out.
-            sparse_bytes += int(shards.sum()) * (8 + 4 * width + 8 + 4 * width)
+            dim = table.spec.dim
+            # Keys and their batch counts out, embeddings back, gradients out: the rows'
+            # optimizer slots and metadata never leave the PS (the update runs there).
+            sparse_bytes += int(shards.sum()) * (8 + 4 + 4 * dim + 4 * dim)
         dense = sum(int(np.prod(v.shape)) * v.dtype.size for v in model.trainable_variables)
         rows.append({
             "num_ps": num_ps,
@@ -203,12 +207,19 @@ def main() -> None:
                 speed[f"{ps} PS + {workers} workers"] = run_job(
                     "launch", os.path.join(tmp, f"ps{ps}"), extra, sets
                 )
+                if ps == 1:  # the same with train.prefetch_embeddings
+                    speed["1 PS + 1 workers, prefetch"] = run_job(
+                        "launch", os.path.join(tmp, "ps1p"), extra,
+                        sets + ["train.prefetch_embeddings=true"],
+                    )
     print(f"one epoch of {args.rows} rows, batch {args.batch} (2 cores: every process shares them)")
-    print(f"{'setup':<22} {'steps':>6} {'seconds':>8} {'steps/s':>8} {'examples':>9} "
-          f"{'examples_read':>14} {'read/rows':>9}")
+    print(f"{'setup':<30} {'steps':>6} {'seconds':>8} {'steps/s':>8} {'examples':>9} "
+          f"{'examples_read':>14} {'read/rows':>9} {'vs single':>9} {'AUC':>7}")
+    single = speed["single process"]["steps_per_sec"]
     for name, r in speed.items():
-        print(f"{name:<22} {r['steps']:>6} {r['seconds']:>8.1f} {r['steps_per_sec']:>8.2f} "
-              f"{r['examples']:>9} {r['examples_read']:>14} {r['examples_read'] / args.rows:>9.3f}")
+        print(f"{name:<30} {r['steps']:>6} {r['seconds']:>8.1f} {r['steps_per_sec']:>8.2f} "
+              f"{r['examples']:>9} {r['examples_read']:>14} {r['examples_read'] / args.rows:>9.3f} "
+              f"{r['steps_per_sec'] / single:>8.2f}x {r['auc']:>7.4f}")
     print()
 
     costs = step_costs(args.batch, [ps for ps, _ in SETUPS])

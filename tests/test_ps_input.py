@@ -141,3 +141,23 @@ def _split_rows(rows, workers):
     count = min(4 * workers, batches)
     bounds = [min(rows, (batches * i // count) * BATCH) for i in range(count + 1)]
     return list(np.diff(bounds))
+
+
+def test_prefetch_trains_one_worker_exactly_as_without(tmp_path, csv_files):
+    """`train.prefetch_embeddings` on a real PS: one worker's steps are sequential, so the
+    model (its eval metrics) must be the one trained without prefetching."""
+    root, sizes = csv_files
+    runs = {}
+    for prefetch in ("false", "true"):
+        model_dir = tmp_path / f"prefetch_{prefetch}"
+        launcher = launch(model_dir, [
+            "data.format=csv", f"data.train={root}/part-*.csv", f"data.eval={root}/eval.csv",
+            "train.checkpoint_every_steps=null", f"train.prefetch_embeddings={prefetch}",
+        ], workers=1)
+        runs[prefetch], _ = finish(launcher, model_dir)
+    without, with_prefetch = runs["false"], runs["true"]
+    print(f"\nauc without / with prefetch: {without['auc']:.6f} / {with_prefetch['auc']:.6f}")
+    assert with_prefetch["examples"] == without["examples"] == sum(sizes)
+    assert with_prefetch["steps"] == without["steps"]
+    for metric in ("auc", "logloss"):
+        assert with_prefetch[metric] == pytest.approx(without[metric], abs=1e-5)
