@@ -40,7 +40,8 @@ class LocalRunner:
         self.trainer = trainer
         self.iterator = None
         self.files = trainer.train_files()
-        self.per_epoch = trainer.steps_per_epoch(self.files)
+        # Steps of a pass, for the progress bar only: not counted when there is none.
+        self.per_epoch = trainer.steps_per_epoch(self.files) if trainer.verbose else None
         self._step_fn = None
 
     def open(self, epoch: tf.Variable) -> None:
