@@ -56,7 +56,9 @@ class LocalRunner:
 
     def run_epoch(self, epoch: int, target: int | None) -> int:
         """Trains the rest of the epoch (or to `target` steps); returns the examples trained."""
-        return self.run_steps(self.iterator, target=target, files=self.files, per_epoch=self.per_epoch)
+        return self.run_steps(
+            self.iterator, target=target, files=self.files, per_epoch=self.per_epoch
+        )
 
     def epoch_steps(self, steps: int) -> None:
         """Records the steps of a whole pass (for the next passes' progress bar)."""
@@ -74,7 +76,9 @@ class LocalRunner:
                 model.train_step, input_signature=[iterator.element_spec], autograph=False
             )
         step = start = int(model.global_step)
-        progbar = keras.utils.Progbar(target or per_epoch, verbose=trainer.verbose, stateful_metrics=["loss"])
+        progbar = keras.utils.Progbar(
+            target or per_epoch, verbose=trainer.verbose, stateful_metrics=["loss"]
+        )
         examples = bad = 0
         sample = 10 * config.data.batch_size  # rows read before the bad fraction is judged
         while (target is None or step < target) and not trainer.stop_requested:
@@ -101,7 +105,8 @@ class LocalRunner:
             trainer.examples_trained += size
             trainer.examples_applied += size
             trainer.callbacks.on_train_batch_end(
-                step, {"loss": loss, "previous_step": step - 1, "examples": trainer.examples_trained}
+                step,
+                {"loss": loss, "previous_step": step - 1, "examples": trainer.examples_trained},
             )
         trainer.rows_read += examples + bad
         trainer.bad_rows += bad
@@ -169,7 +174,9 @@ class PSRunner:
         """The traced function that trains a chunk of `split` (shared by synthetic splits)."""
         key = None if split.seekable else (split.index, epoch)
         if key not in self._functions:
-            self._functions = {k: v for k, v in self._functions.items() if k is None or k[1] == epoch}
+            self._functions = {
+                k: v for k, v in self._functions.items() if k is None or k[1] == epoch
+            }
             self._functions[key] = self._make_chunk_fn(split, epoch)
         return self._functions[key]
 
@@ -241,7 +248,11 @@ class PSRunner:
                         break
             return plan
         wave = [self.splits[i] for i in order[: self.workers]]
-        counts = [splits_lib.UNLIMITED] * len(wave) if target is None else _shares(target - step, len(wave))
+        counts = (
+            [splits_lib.UNLIMITED] * len(wave)
+            if target is None
+            else _shares(target - step, len(wave))
+        )
         return [(split, count) for split, count in zip(wave, counts) if count > 0]
 
     def run_epoch(self, epoch: int, target: int | None) -> int:
@@ -250,8 +261,11 @@ class PSRunner:
         trainer, splits_lib = self.trainer, self.splits_lib
         model = trainer.model
         positions = self.state.read()
-        order = [i for i in splits_lib.epoch_order(trainer.config, self.splits, epoch)
-                 if positions[i] != splits_lib.FINISHED]
+        order = [
+            i
+            for i in splits_lib.epoch_order(trainer.config, self.splits, epoch)
+            if positions[i] != splits_lib.FINISHED
+        ]
         step = int(model.global_step)
         progbar = keras.utils.Progbar(target, verbose=trainer.verbose, stateful_metrics=["loss"])
         examples = bad_rows = 0
@@ -284,13 +298,16 @@ class PSRunner:
                 if steps:
                     loss = float(chunk_loss)
             self.state.write(positions)
-            trainer.check_bad_rows(examples, bad_rows, [s.file for s in self.splits if s.file] or None)
+            trainer.check_bad_rows(
+                examples, bad_rows, [s.file for s in self.splits if s.file] or None
+            )
             previous, step = step, int(model.global_step)
             trainer.examples_applied = int(self.applied)
             if step > previous:
                 progbar.update(step, [("loss", loss if loss is not None else float("nan"))])
                 trainer.callbacks.on_train_batch_end(
-                    step, {"loss": loss, "previous_step": previous, "examples": trainer.examples_trained}
+                    step,
+                    {"loss": loss, "previous_step": previous, "examples": trainer.examples_trained},
                 )
         return examples
 
