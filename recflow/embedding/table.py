@@ -53,6 +53,29 @@ def segment_buckets(keys: int, headroom: int = 0, segments: int = SEGMENTS) -> l
     return [1 << b for b in range(total.bit_length() - 1, -1, -1) if total >> b & 1]
 
 
+def empty_buckets(table, buckets: int, width: int, dtype=tf.float32) -> None:
+    """Replaces a `DenseHashTable`'s bucket arrays by `buckets` empty ones, on its device.
+
+    This empties a table without erase (DESIGN.md section 9). The bucket arrays are
+    `[buckets, 1]` keys and `[buckets, width]` values (`[buckets]` for width 0). The
+    op's shape function wants rank-1 keys, which holds for what it can see only: the
+    shapes are passed in as tensors, so on a remote (PS) device the arrays reach the
+    kernel with an unknown rank, as they do when a checkpoint is restored.
+    """
+    values_shape = [buckets, width] if width else [buckets]
+    spec = tf.TensorSpec([None], tf.int64)
+
+    @tf.function(input_signature=[spec, spec], autograph=False)
+    def empty(keys_shape, values_shape):
+        tf.raw_ops.LookupTableImportV2(
+            table_handle=table.resource_handle,
+            keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY, tf.int64)),
+            values=tf.zeros(values_shape, dtype),
+        )
+
+    empty(tf.constant([buckets, 1], tf.int64), tf.constant(values_shape, tf.int64))
+
+
 def segment_layout(used: list[int], segments: int = SEGMENTS) -> tuple[list[int], np.ndarray]:
     """(buckets of every segment, upper route bound of each) for segments of sizes `used`.
 
@@ -188,31 +211,9 @@ class ShardedTable(tf.Module):
         )
         with tf.device(self.placement.device(i)):
             for table, size in zip(self.shards[i], sizes):
-                self._empty(table, size)
+                empty_buckets(table, size, self.width, self.value_dtype)
             self.routes[i].assign(routes)
             self.insert_shard(i, keys, values)
-
-    def _empty(self, table, buckets: int) -> None:
-        """Replaces `table`'s bucket arrays by `buckets` empty ones, on the table's device.
-
-        The bucket arrays are `[buckets, 1]` keys and `[buckets, width]` values, made
-        on the device. The op's shape function wants rank-1 keys, which holds for
-        what it can see only: the shapes are passed in as tensors, so on a remote
-        (PS) device the arrays reach the kernel with an unknown rank, as they do
-        when a checkpoint is restored.
-        """
-        values_shape = [buckets, self.width] if self.width else [buckets]
-        spec = tf.TensorSpec([None], tf.int64)
-
-        @tf.function(input_signature=[spec, spec], autograph=False)
-        def empty(keys_shape, values_shape):
-            tf.raw_ops.LookupTableImportV2(
-                table_handle=table.resource_handle,
-                keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY, tf.int64)),
-                values=tf.zeros(values_shape, self.value_dtype),
-            )
-
-        empty(tf.constant([buckets, 1], tf.int64), tf.constant(values_shape, tf.int64))
 
     def num_buckets(self, i: int) -> int:
         """Buckets of shard `i`, all segments (eager; reads the bucket arrays)."""

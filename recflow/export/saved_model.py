@@ -28,7 +28,7 @@ import yaml
 
 from recflow.atomic import staged_dir, write_json
 from recflow.config.convert import to_dict
-from recflow.embedding.table import segment_buckets
+from recflow.embedding.table import empty_buckets, segment_buckets
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY
 from recflow.features.transform import serving_dtype, transform
 from recflow.models.base import RankingModel, RetrievalModel
@@ -78,7 +78,8 @@ class ServingModule(tf.Module):
             # A signature over some of the features (a retrieval side) feeds the others empty.
             batch = tf.shape(next(iter(raw.values())))[:1]
             raw = {
-                f.name: raw[f.name] if f.name in raw else empty_column(f, batch) for f in config.features
+                f.name: raw[f.name] if f.name in raw else empty_column(f, batch)
+                for f in config.features
             }
             ids, dense = model.split_features(transform(config, raw))
             inputs = dict(dense)
@@ -126,23 +127,8 @@ class ServingModule(tf.Module):
         for index, table in enumerate(self.tables):
             keys, emb = self._serving_rows(index)
             with tf.device("/cpu:0"):
-                _reset(table, serving_buckets(int(keys.shape[0])), self._dims[index])
+                empty_buckets(table, serving_buckets(int(keys.shape[0])), self._dims[index])
                 table.insert(keys, emb)
-
-
-def _reset(table, buckets: int, dim: int) -> None:
-    """Empties a DenseHashTable to `buckets` empty buckets (no erase: see DESIGN section 9)."""
-    spec = tf.TensorSpec([None], tf.int64)
-
-    @tf.function(input_signature=[spec, spec], autograph=False)
-    def empty(keys_shape, values_shape):
-        tf.raw_ops.LookupTableImportV2(
-            table_handle=table.resource_handle,
-            keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY, tf.int64)),
-            values=tf.zeros(values_shape, tf.float32),
-        )
-
-    empty(tf.constant([buckets, 1], tf.int64), tf.constant([buckets, dim], tf.int64))
 
 
 def empty_column(feature, batch: tf.Tensor) -> tf.Tensor:
@@ -207,7 +193,9 @@ class Exporter:
         export_dir = os.path.join(model_dir, "export")
         final = os.path.join(export_dir, str(step))
         with staged_dir(final) as tmp:
-            tf.saved_model.save(self.module, tmp, signatures=self.module.serving_signatures, options=SAVE_OPTIONS)
+            tf.saved_model.save(
+                self.module, tmp, signatures=self.module.serving_signatures, options=SAVE_OPTIONS
+            )
             extra = os.path.join(tmp, "assets.extra")
             os.makedirs(extra, exist_ok=True)
             with open(os.path.join(extra, "recflow_config.yaml"), "w", encoding="utf-8") as f:
