@@ -145,10 +145,7 @@ def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> di
     """
     from recflow.atomic import write_json
 
-    config = _checked(config_or_path, model_dir, overrides)
-    with writer(config, "evaluate"):
-        trainer = make_trainer(config)
-        require_checkpoint(trainer)
+    with _restored(config_or_path, model_dir, overrides, "evaluate") as trainer:
         result = trainer.evaluate()
         result.pop("eval_bad_records", None)
         result["steps"] = int(trainer.model.global_step)
@@ -171,11 +168,18 @@ def export(config_or_path, model_dir: str | None = None, overrides=None, delta: 
     Raises:
         RecflowError: the model dir has no checkpoint.
     """
+    with _restored(config_or_path, model_dir, overrides, "export") as trainer:
+        return trainer.write_delta() if delta else trainer.export()
+
+
+@contextmanager
+def _restored(config_or_path, model_dir, overrides, command: str):
+    """A trainer on the model dir's latest checkpoint, holding its writer lock for `command`."""
     config = _checked(config_or_path, model_dir, overrides)
-    with writer(config, "export"):
+    with writer(config, command):
         trainer = make_trainer(config)
         require_checkpoint(trainer)
-        return trainer.write_delta() if delta else trainer.export()
+        yield trainer
 
 
 def require_checkpoint(trainer) -> None:

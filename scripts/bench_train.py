@@ -138,6 +138,21 @@ def timed(command: list[str], timeout: float) -> tuple[float, subprocess.Complet
     return time.perf_counter() - began, done
 
 
+def timed_record(command: list[str], timeout: float, bench: str, who: str) -> tuple[float, dict]:
+    """Runs a job process; returns its wall seconds and its last `{"bench": bench, ...}` line.
+
+    Raises:
+        common.Unavailable: the job failed or printed no such line.
+    """
+    wall, done = timed(command, timeout)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith(f'{{"bench": "{bench}"')]
+    if done.returncode != 0 or not lines:
+        raise common.Unavailable(
+            f"{who} exit {done.returncode}: {common._last_error_line(done.stderr + done.stdout)}"
+        )
+    return wall, json.loads(lines[-1])
+
+
 def run_recflow(args, fusion: bool, paths, work: str) -> dict:
     # A fresh model dir per run: an existing one would resume from its checkpoint.
     model_dir = tempfile.mkdtemp(prefix="fused-" if fusion else "unfused-", dir=work)
@@ -161,13 +176,7 @@ def run_recflow(args, fusion: bool, paths, work: str) -> dict:
 
 def run_deepctr(args, paths) -> dict:
     command = [sys.executable, os.path.abspath(__file__), *args.argv, "--deepctr-job", *paths]
-    wall, done = timed(command, args.timeout)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{"bench": "deepctr_job"')]
-    if done.returncode != 0 or not lines:
-        raise common.Unavailable(
-            f"deepctr job exit {done.returncode}: {common._last_error_line(done.stderr + done.stdout)}"
-        )
-    r = json.loads(lines[-1])
+    wall, r = timed_record(command, args.timeout, "deepctr_job", "deepctr job")
     return {
         "job_seconds": wall, "auc": r["auc"], "train_examples_per_sec": r["fit_examples_per_sec"],
         "steady_examples_per_sec": None, "timing": {},
@@ -209,13 +218,7 @@ def run_tfra(args, train, evaluation, work: str) -> dict:
         "--dim", str(args.dim), "--hidden", args.hidden, "--batch-size", str(args.batch_size),
         "--epochs", str(args.epochs), "--lr", str(args.lr), "--seed", str(args.seed),
     ]  # fmt: skip
-    wall, done = timed(command, args.timeout)
-    lines = [ln for ln in done.stdout.splitlines() if ln.startswith('{"bench": "tfra_deepfm"')]
-    if done.returncode != 0 or not lines:
-        raise common.Unavailable(
-            f"tfra_deepfm.py exit {done.returncode}: {common._last_error_line(done.stderr + done.stdout)}"
-        )
-    r = json.loads(lines[-1])
+    wall, r = timed_record(command, args.timeout, "tfra_deepfm", "tfra_deepfm.py")
     return {
         "job_seconds": wall, "auc": auc(evaluation[common.LABEL], np.load(paths[2])),
         "train_examples_per_sec": r["fit_examples_per_sec"], "steady_examples_per_sec": None,
