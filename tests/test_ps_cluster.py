@@ -54,6 +54,7 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
     os.kill(pid_of(model_dir, "worker", 1), signal.SIGKILL)  # its steps move to worker 0
 
     wait_for(checkpoints / "ckpt-120.index", launcher)
+    before = {(t["job"], t["index"]): t["pid"] for t in json.loads((model_dir / "cluster.json").read_text())["tasks"]}
     os.kill(pid_of(model_dir, "ps", 1), signal.SIGKILL)  # shard 1 of every table is lost
 
     out, err = launcher.communicate(timeout=600)
@@ -63,6 +64,8 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["steps"] == STEPS
     tasks = json.loads((model_dir / "cluster.json").read_text())["tasks"]
+    # A dead PS restarts the whole cluster: no task keeps state of the lost run.
+    assert all(t["pid"] != before[t["job"], t["index"]] for t in tasks)
     assert sorted((t["job"], t["index"]) for t in tasks) == [
         ("chief", 0), ("ps", 0), ("ps", 1), ("worker", 0), ("worker", 1)
     ]

@@ -4,7 +4,7 @@ One process per task (PS tasks, workers and the chief), each a real TF gRPC
 server started by `recflow train` with its own TF_CONFIG. The launcher writes
 `MODEL_DIR/cluster.json` and one log per task under `MODEL_DIR/logs/`, and
 supervises: a worker that dies is restarted (its steps run on the others in
-the meantime); a PS that dies is restarted together with the chief, which
+the meantime); when a PS dies the whole cluster is restarted, and the chief
 restores the last checkpoint and goes on. Every process it started is stopped
 on success, failure or Ctrl-C, and dies with the launcher even when the
 launcher is killed with -9 (`PR_SET_PDEATHSIG`).
@@ -276,6 +276,31 @@ class Cluster:
         print(f"recflow launch: {task.name} {why}; restarting it", file=sys.stderr, flush=True)
         self.start(task)
 
+    def _restart_cluster(self, dead_ps: list[Task]) -> None:
+        """Restarts every task after a PS died; the chief restores the last checkpoint.
+
+        A restarted PS is empty, and the tasks that lived on hold state of the lost
+        incarnation: the chief's model, workers' in-flight steps that may wait on the
+        dead PS forever once a new server answers at its address, and on the other PS
+        tasks the old session's tables (a second copy of every shard until TF drops
+        the old context). Workers and PS tasks hold nothing a checkpoint does not, so
+        the whole cluster starts over from it, servers first.
+        """
+        for t in dead_ps:
+            t.restarts += 1
+            if t.restarts > MAX_RESTARTS:
+                raise RecflowError(f"launch: {t.name} failed {MAX_RESTARTS} times; see logs/{t.name}.log")
+        why = ", ".join(f"{t.name} exited with {t.process.returncode}" for t in dead_ps)
+        logger.warning("%s; restarting the cluster from the last checkpoint", why)
+        print(f"recflow launch: {why}; restarting the cluster from the last checkpoint",
+              file=sys.stderr, flush=True)
+        for t in self.tasks:
+            if t.process.poll() is None:
+                t.process.kill()
+                t.process.wait()
+        for t in sorted(self.tasks, key=lambda t: t.job != "ps"):
+            self.start(t)
+
     def run(self, poll_seconds: float = 0.2) -> int:
         """Starts the cluster and supervises it until the chief finishes; returns its exit code."""
         self.network = private_network()
@@ -287,13 +312,7 @@ class Cluster:
                 time.sleep(poll_seconds)
                 dead_ps = [t for t in self.tasks if t.job == "ps" and t.process.poll() is not None]
                 if dead_ps:
-                    # A restarted PS is empty: the chief must restore the last checkpoint.
-                    if chief.process.poll() is None:
-                        chief.process.kill()
-                        chief.process.wait()
-                    for t in dead_ps:
-                        self._restart(t, f"exited with {t.process.returncode}")
-                    self._restart(chief, "lost a parameter server")
+                    self._restart_cluster(dead_ps)
                     continue
                 for t in self.tasks:
                     if t.job == "worker" and t.process.poll() is not None:
