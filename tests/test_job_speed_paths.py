@@ -160,3 +160,37 @@ def test_block_shuffle_is_a_seeded_permutation(tmp_path):
     # Blocks of 50 records (shuffle_buffer // 8) shuffled in a window of 8 blocks: the first
     # batch (two blocks) comes from the first 9 blocks.
     assert a[:64].max() < 450
+
+
+def test_parse_traced_once_serves_other_files_and_names_them(tmp_path, monkeypatch):
+    """A run's pipelines share one trace of the parse function (and the trainer's one
+    trace of its transforms), and a reused parse still names the file it reads."""
+    from recflow.data.writer import write_columns
+
+    columns, _ = generate(small_config(tmp_path).data.synthetic, "train")
+    rows = {k: np.asarray(v)[:300] for k, v in columns.items()}
+    paths = [tmp_path / f"part-{i}.csv" for i in range(3)]
+    for path in paths:
+        write_columns(str(path), rows, "csv", labels=["click"])
+    lines = paths[2].read_text().splitlines()
+    label = lines[0].split(",").index("click")
+    fields = lines[7].split(",")
+    fields[label] = "not-a-label"
+    lines[7] = ",".join(fields)  # line 8 of part-2.csv
+    paths[2].write_text("\n".join(lines) + "\n")
+    config = small_config(
+        tmp_path, "data.format=csv", f"data.train={paths[0]}", "data.on_bad_record=fail"
+    )
+    trainer = Trainer(config, verbose=0)
+    traced = []
+    function = tf.function
+    monkeypatch.setattr(
+        pipeline.tf, "function", lambda fn, **k: traced.append(fn.__name__) or function(fn, **k)
+    )
+    first = trainer.dataset("train", epochs=1, shuffle=False)
+    assert sum(int(tf.shape(labels["click"])[0]) for _, labels, _ in first) == 300
+    assert traced == ["parse", "fn"]  # the parse function and the transforms, once each
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{paths[2]}: line 8: "):
+        for _ in trainer.dataset("train", epochs=1, shuffle=False, files=paths[1:]):
+            pass
+    assert traced == ["parse", "fn"]  # two other files: the same traces

@@ -63,6 +63,26 @@ def test_sigkill_after_second_checkpoint_then_resume_matches_uninterrupted(tmp_p
     assert_same_rows(killed, whole)
 
 
+def test_a_finished_run_given_more_epochs_trains_exactly_the_new_pass(tmp_path):
+    """The final checkpoint holds no input position (no pipeline is built after the last
+    pass): the next pass starts at its beginning, as in one run of all the epochs."""
+    def run(model_dir, epochs):
+        settings = [
+            "data.synthetic={rows: 2000, eval_rows: 200, seed: 4, schema: demo}",
+            "data.batch_size=64", f"train.epochs={epochs}", "train.checkpoint_every_steps=null",
+            "model.params={dnn: {hidden_units: [8]}}", f"train.model_dir={model_dir}",
+        ]
+        args = ["train", "configs/deepfm_demo.yaml", "--quiet"] + [a for o in settings for a in ("--set", o)]
+        assert recflow(*args, stdout=subprocess.DEVNULL).wait(timeout=600) == 0
+        return json.loads((model_dir / "metrics.json").read_text())
+
+    whole, extended = tmp_path / "whole", tmp_path / "extended"
+    assert run(whole, 2)["steps"] == 2 * 32
+    assert run(extended, 1)["steps"] == 32
+    assert run(extended, 2)["steps"] == 2 * 32
+    assert_same_rows(extended, whole)
+
+
 def assert_same_rows(model_dir, reference):
     """Every logical table holds the same ids, each once, with the same embedding, optimizer
     slots, count and last step."""

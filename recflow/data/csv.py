@@ -72,7 +72,7 @@ def dataset(
     width = len(header)
     structure = _structure_check(delimiter, width)
 
-    def parse(keys, lines):
+    def parse(keys, lines, names):
         present = tf.strings.length(tf.strings.strip(lines)) > 0
         well_formed = structure(lines)
 
@@ -104,13 +104,13 @@ def dataset(
             checks,
             present,
             config.data.on_bad_record,
-            pipeline.locator(files, keys, "line"),
+            pipeline.locator(names, keys, "line"),
             fatal=pipeline.fatal_checks(config, decoded),
         )
         counts = tf.add_n(nonfinite) if nonfinite else None
         return pipeline.outputs(config, decoded, bad, keep, deps, nonfinite=counts)
 
-    return pipeline.finish(ds, parse)
+    return pipeline.finish(ds, parse, files, pipeline.parse_key(config, "csv", tuple(header)))
 
 
 def _structure_check(delimiter: str, width: int):

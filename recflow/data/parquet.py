@@ -103,15 +103,15 @@ def dataset(
         combined = ds if combined is None else combined.concatenate(ds)
     ds = pipeline.batched(combined, config.data, shuffle=shuffle, epochs=epochs)
 
-    def parse(keys, row):
+    def parse(keys, row, names):
         decoded = {use.key: pipeline.typed(row[use.column], use, files[0]) for use in uses}
         keep, bad, deps = pipeline.screen(
             pipeline.label_checks(config, decoded),
             tf.ones_like(keys, dtype=tf.bool),
             config.data.on_bad_record,
-            pipeline.locator(files, keys, "row"),
+            pipeline.locator(names, keys, "row"),
             fatal=pipeline.fatal_checks(config, decoded),
         )
         return pipeline.outputs(config, decoded, bad, keep, deps)
 
-    return pipeline.finish(ds, parse)
+    return pipeline.finish(ds, parse, files, pipeline.parse_key(config, "parquet", repr(sorted(dtypes.items()))))

@@ -212,14 +212,86 @@ def batched(
     return ds.rebatch(data.batch_size)
 
 
-def finish(ds: tf.data.Dataset, fn: Callable) -> tf.data.Dataset:
+def finish(
+    ds: tf.data.Dataset,
+    fn: Callable,
+    files: Sequence[str] | None = None,
+    key: tuple | None = None,
+) -> tf.data.Dataset:
     """The vectorized per-batch map (parallel, order kept) and prefetch.
 
     `fn` is plain tensor code: it is traced as written, without AutoGraph (converting
     the parse functions cost seconds per pipeline).
+
+    A file reader passes `files` and a `key` (see `parse_key`): then `fn(keys, records,
+    names)` gets the files' names as a tensor (for messages, see `locator`), and is
+    traced once per key (see `reused`), so a run's epochs and its evaluation trace
+    their parsing once (a parse function is ~2,000 ops).
     """
-    fn = plain(fn)
-    return ds.map(fn, num_parallel_calls=AUTOTUNE, deterministic=True).prefetch(AUTOTUNE)
+    if key is None:
+        return ds.map(plain(fn), num_parallel_calls=AUTOTUNE, deterministic=True).prefetch(AUTOTUNE)
+    parse = reused(fn, (*key, repr(ds.element_spec)))
+    listed = list(files)
+
+    def mapped(keys, records):
+        # Any number of files: the shared trace must not depend on how many.
+        names = tf.raw_ops.PlaceholderWithDefault(input=tf.constant(listed), shape=[None])
+        return parse(keys, records, names)
+
+    return finish(ds, mapped)
+
+
+_TRACED: dict = {}  # key -> (graph_def, input names, output names, output structure)
+_MAX_TRACED = 16
+
+
+def reused(fn: Callable, key: tuple) -> Callable:
+    """`fn` traced once per `key`: later calls import the traced ops into the caller's graph.
+
+    Importing a traced graph is several times faster than tracing it again, and it
+    leaves plain ops in a map function: a function-call op there would be stateful
+    (the checks' assertions) and make the iterator impossible to checkpoint. A
+    function that captures tensors from outside (resources, eager constants) is
+    traced each time instead. `key` must name everything `fn`'s graph depends on,
+    its arguments' specs included.
+    """
+
+    def call(*args):
+        entry = _TRACED.pop(key, None)
+        if entry is None:
+            specs = tf.nest.map_structure(tf.type_spec_from_value, args)
+            traced = tf.function(plain(fn), autograph=False).get_concrete_function(*specs)
+            flat = tf.nest.flatten(args, expand_composites=True)
+            if len(traced.inputs) != len(flat):  # it captures something: no reuse
+                return plain(fn)(*args)
+            entry = (
+                traced.graph.as_graph_def(),
+                [t.name for t in traced.inputs],
+                [t.name for t in traced.outputs],
+                traced.structured_outputs,
+            )
+        _TRACED[key] = entry  # most recently used last
+        while len(_TRACED) > _MAX_TRACED:
+            _TRACED.pop(next(iter(_TRACED)))
+        graph_def, inputs, outputs, structure = entry
+        flat = tf.nest.flatten(args, expand_composites=True)
+        results = tf.graph_util.import_graph_def(
+            graph_def, input_map=dict(zip(inputs, flat)), return_elements=outputs, name="reused"
+        )
+        return tf.nest.pack_sequence_as(structure, results, expand_composites=True)
+
+    return plain(call)
+
+
+def parse_key(config: Config, reader: str, *parts) -> tuple:
+    """What a reader's parse function depends on: its name, `parts` (e.g. the CSV
+    header), and the config less the fields that only choose, order and batch the
+    records (file patterns, seed, shuffling, batch size; a parse function sees a batch
+    of any size)."""
+    data = dataclasses.replace(
+        config.data, train=None, eval=None, seed=0, shuffle=False, shuffle_buffer=0, batch_size=0
+    )
+    return (reader, repr(dataclasses.replace(config, data=data)), *parts)
 
 
 def plain(fn: Callable) -> Callable:
@@ -417,9 +489,9 @@ def outputs(
     return features, labels, bad
 
 
-def locator(files: Sequence[str], keys: tf.Tensor, unit: str) -> Callable:
-    """Row -> `{file}: {unit} {number}` for messages, from `numbered` keys."""
-    names = tf.constant(list(files))
+def locator(names: tf.Tensor, keys: tf.Tensor, unit: str) -> Callable:
+    """Row -> `{file}: {unit} {number}` for messages, from `numbered` keys and the
+    files' names ([files] string)."""
 
     def locate(i):
         name = tf.gather(names, keys[i] // FILE_STRIDE)

@@ -81,7 +81,7 @@ def dataset(
     )
     ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
 
-    def parse(keys, serialized):
+    def parse(keys, serialized, names):
         parsed = tf.io.parse_example(serialized, parse_spec)
         decoded = {use.key: pipeline.typed(parsed[use.column], use, files[0]) for use in uses}
         present = tf.ones_like(keys, dtype=tf.bool)
@@ -89,9 +89,10 @@ def dataset(
             pipeline.label_checks(config, decoded),
             present,
             config.data.on_bad_record,
-            pipeline.locator(files, keys, "record"),
+            pipeline.locator(names, keys, "record"),
             fatal=pipeline.fatal_checks(config, decoded),
         )
         return pipeline.outputs(config, decoded, bad, keep, deps)
 
-    return pipeline.finish(ds, parse)
+    key = pipeline.parse_key(config, "tfrecord", repr(sorted(dtypes.items())), tuple(sorted(ragged)))
+    return pipeline.finish(ds, parse, files, key)

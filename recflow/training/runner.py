@@ -49,9 +49,14 @@ class LocalRunner:
         self.iterator = iter(self.trainer.epoch_dataset(int(epoch)))
         self.trainer.open_checkpoint(self.iterator, epoch=epoch)
 
-    def next_epoch(self, epoch: tf.Variable) -> None:
-        """A fresh iterator for the (already advanced) `epoch`, in every later checkpoint."""
-        self.iterator = iter(self.trainer.epoch_dataset(int(epoch)))
+    def next_epoch(self, epoch: tf.Variable, last: bool = False) -> None:
+        """A fresh iterator for the (already advanced) `epoch`, in every later checkpoint.
+
+        After the `last` pass no iterator is built (its pipeline would start reading
+        while the run evaluates and exports): a checkpoint without an input position
+        starts its epoch at the beginning, as `open` builds it.
+        """
+        self.iterator = None if last else iter(self.trainer.epoch_dataset(int(epoch)))
         self.trainer.open_checkpoint(self.iterator, restore=False, epoch=epoch)
 
     def run_epoch(self, epoch: int, target: int | None) -> int:
@@ -162,7 +167,7 @@ class PSRunner:
         """Restores the latest checkpoint, split state included."""
         self.trainer.open_checkpoint(epoch=epoch, splits=self.state)
 
-    def next_epoch(self, epoch: tf.Variable) -> None:
+    def next_epoch(self, epoch: tf.Variable, last: bool = False) -> None:
         self.state.reset()
 
     def epoch_steps(self, steps: int) -> None:

@@ -17,7 +17,7 @@ from recflow import data as data_lib
 from recflow.atomic import write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config, DenseOptimizerConfig
-from recflow.data.pipeline import NONFINITE, TRUNCATED
+from recflow.data.pipeline import NONFINITE, TRUNCATED, reused
 from recflow.embedding import lifecycle
 from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
@@ -126,9 +126,10 @@ class Trainer:
         return self._transformed(ds)
 
     def _transformed(self, ds):
+        """`ds` with the feature transforms applied; traced once for all of this
+        trainer's pipelines (every epoch, evaluation), see `pipeline.reused`."""
         config = self.config
 
-        @tf.autograph.experimental.do_not_convert  # plain tensor code: traced as written
         def fn(raw, labels, bad):
             counts: dict = {}
             features = transform(config, raw, counts)
@@ -136,7 +137,8 @@ class Trainer:
             features[TRUNCATED] = tf.cast(counts.get("truncated", 0), tf.int64)
             return features, labels, bad
 
-        ds = ds.map(fn, num_parallel_calls=tf.data.AUTOTUNE)
+        key = ("transform", repr(config), repr(ds.element_spec))
+        ds = ds.map(reused(fn, key), num_parallel_calls=tf.data.AUTOTUNE)
         return ds.prefetch(tf.data.AUTOTUNE)
 
     def train_files(self) -> list[str] | None:
@@ -160,7 +162,6 @@ class Trainer:
 
     def epoch_dataset(self, epoch: int):
         """One pass over the training data, shuffled differently each epoch."""
-        self.timing.pass_begins(epoch)
         data = dataclasses.replace(self.config.data, seed=self.config.data.seed + epoch)
         config = dataclasses.replace(self.config, data=data)
         ds = data_lib.make_dataset(config, "train", epochs=1)
@@ -315,6 +316,7 @@ class Trainer:
                 print(f"Epoch {int(epoch) + 1}/{epochs}")
             self.callbacks.on_epoch_begin(int(epoch))
             read_before, pass_start = self.rows_read, int(self.model.global_step)
+            self.timing.pass_begins(int(epoch))
             examples += runner.run_epoch(int(epoch), steps)
             if self.rows_read == read_before and not resumed:
                 raise DataError(f"data.train: a pass over {_name(self.train_files())} read no rows")
@@ -324,12 +326,14 @@ class Trainer:
             if (steps is not None and self.model.global_step >= steps) or self.stop_requested:
                 break
             epoch.assign_add(1)  # the pass ended
-            # The next pass's fresh input goes into every later checkpoint, the final one
-            # included, so a run given more epochs later starts that pass at its beginning.
-            runner.next_epoch(epoch)
+            self.timing.pass_begins(int(epoch))
+            last = epochs is not None and int(epoch) >= epochs
+            # Every later checkpoint records the new epoch at its start (the final one
+            # included: a run given more epochs later starts that pass at its beginning).
+            runner.next_epoch(epoch, last)
             self._saved_step = -1  # the final checkpoint must record the new epoch
             self.callbacks.on_epoch_end(int(epoch) - 1, {"examples": self.examples_trained})
-            if epochs is not None and int(epoch) >= epochs:
+            if last:
                 break
         if int(self.model.global_step) == 0 and not self.stop_requested:
             raise DataError(
