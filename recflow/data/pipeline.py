@@ -471,10 +471,13 @@ def outputs(
     with tf.control_dependencies(list(deps)):
         values = [tf.identity(decoded[k]) for k in keys]
         if keep is not None:
+
+            def dropped():
+                kept = tf.reshape(tf.where(keep), [-1])  # one mask for every column
+                return [tf.gather(v, kept) for v in values]
+
             values = tf.cond(
-                tf.reduce_all(keep),
-                lambda: [tf.identity(v) for v in values],
-                lambda: [tf.boolean_mask(v, keep) for v in values],
+                tf.reduce_all(keep), lambda: [tf.identity(v) for v in values], dropped
             )
         bad = tf.identity(bad)
     column = dict(zip(keys, values))
