@@ -7,6 +7,7 @@ subprocess tests check that, the rest run `recflow.cli.main` in-process.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -345,3 +346,21 @@ def test_subprocess_user_errors_do_not_import_tensorflow(tmp_path):
     assert all(line.startswith("recflow: ") for line in lines)
     assert all("features[0].dim" in line for line in lines[:4])
     assert "missing column 'price'" in lines[4]
+
+
+def test_subprocess_success_skips_teardown_but_keeps_every_output_byte(tmp_path):
+    """`recflow` exits with `os._exit` after a success: the output it printed (here a
+    large one, into a pipe) is complete, and the exit code is 0."""
+    write_config(tmp_path, tiny_config(tmp_path), "tiny.yaml")
+    write_csv(tmp_path, [HEADER, *ROWS])
+    proc = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "data", "check", "tiny.yaml", "--json"],
+        cwd=tmp_path,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)  # parses only when every byte arrived
+    assert report
