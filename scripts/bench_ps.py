@@ -3,9 +3,11 @@ and a paper model of how steps/s scales with workers.
 
 Per setup (1 PS + 1 worker, 2 + 2, 4 + 4; real `recflow launch` clusters on loopback):
 
-1. One epoch: steps, seconds, examples trained and `examples_read` (rows read from
-   the data by all workers; 1.00x the rows means each row was read once), steps/s
-   against the single process, and AUC; 1 PS + 1 worker also with
+1. `--epochs` passes (3): steps, seconds, steps/s over the whole training (start-up,
+   traces and the table growth of pass 1 included) and over passes 2.. (steady, from
+   `timing.steady_examples_per_sec`), each against the single process; examples trained
+   and `examples_read` (rows read from the data by all workers; 1.00x the rows per epoch
+   means each row was read once), and AUC; 1 PS + 1 worker also with
    `train.prefetch_embeddings` (README "Prefetching embeddings").
 2. Per step and worker, from the traced train step on an in-process cluster of P PS
    tasks (DESIGN.md section 7: one lookup and one insert per physical table and shard):
@@ -22,7 +24,7 @@ process competes for them) of steps/s against workers, from those per-step costs
 the single-process time per step measured here (trace included), a stated network
 and the table speed of DESIGN.md section 9.
 
-    python scripts/bench_ps.py [--rows 40000] [--batch 512]
+    python scripts/bench_ps.py [--rows 40000] [--batch 512] [--epochs 3]
 
 Prints tables and a final JSON line.
 """
@@ -48,11 +50,11 @@ ROUNDS = 3  # sequential rounds per step: lookups, dense reads, then inserts + g
 TABLE_KEYS_PER_SEC = 5e6  # DenseHashTable lookups (or inserts) per PS task (DESIGN.md section 9)
 
 
-def settings(rows: int, batch: int) -> list[str]:
+def settings(rows: int, batch: int, epochs: int) -> list[str]:
     return [
         f"data.synthetic={{rows: {rows}, eval_rows: 2000, seed: 7, schema: demo}}",
         f"data.batch_size={batch}",
-        "train.epochs=1",
+        f"train.epochs={epochs}",
         "train.checkpoint_every_steps=null",
         "model.params={dnn: {hidden_units: [64, 32]}}",
     ]
@@ -67,9 +69,13 @@ def run_job(command: str, model_dir: str, extra: list[str], sets: list[str]) -> 
     subprocess.run(args, check=True, cwd=REPO, capture_output=True, text=True)
     with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
         m = json.load(f)
+    steady = m["timing"].get("steady_examples_per_sec")
+    batch = int(next(s for s in sets if s.startswith("data.batch_size=")).split("=")[1])
     return {
         "steps": m["steps"], "seconds": m["train_seconds"],
         "steps_per_sec": round(m["steps"] / m["train_seconds"], 2),
+        # Passes 2.. only: no start-up, tracing or table growth (every id seen in pass 1).
+        "steady_steps_per_sec": round(steady / batch, 2) if steady else None,
         "examples": m["examples"], "examples_read": m["examples_read"], "auc": m.get("auc"),
     }
 
@@ -194,10 +200,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=40_000)
     parser.add_argument("--batch", type=int, default=512)
+    parser.add_argument("--epochs", type=int, default=3, help="passes (the steady rate needs 2+)")
     parser.add_argument("--skip-clusters", action="store_true", help="only the per-step costs")
     args = parser.parse_args()
 
-    sets = settings(args.rows, args.batch)
+    sets = settings(args.rows, args.batch, args.epochs)
     speed = {}
     with tempfile.TemporaryDirectory() as tmp:
         speed["single process"] = run_job("train", os.path.join(tmp, "local"), [], sets)
@@ -212,14 +219,19 @@ def main() -> None:
                         "launch", os.path.join(tmp, "ps1p"), extra,
                         sets + ["train.prefetch_embeddings=true"],
                     )
-    print(f"one epoch of {args.rows} rows, batch {args.batch} (2 cores: every process shares them)")
-    print(f"{'setup':<30} {'steps':>6} {'seconds':>8} {'steps/s':>8} {'examples':>9} "
-          f"{'examples_read':>14} {'read/rows':>9} {'vs single':>9} {'AUC':>7}")
-    single = speed["single process"]["steps_per_sec"]
+    print(f"{args.epochs} epoch(s) of {args.rows} rows, batch {args.batch} (2 cores: every process "
+          "shares them); steps/s over the whole training (start-up, traces, table growth included), "
+          "steady over passes 2..")
+    print(f"{'setup':<30} {'steps':>6} {'seconds':>8} {'steps/s':>8} {'vs single':>9} {'steady':>7} "
+          f"{'vs single':>9} {'examples':>9} {'read/rows/epoch':>15} {'AUC':>7}")
+    single = speed["single process"]
     for name, r in speed.items():
+        steady = r["steady_steps_per_sec"]
+        ratio = steady / single["steady_steps_per_sec"] if steady and single["steady_steps_per_sec"] else None
         print(f"{name:<30} {r['steps']:>6} {r['seconds']:>8.1f} {r['steps_per_sec']:>8.2f} "
-              f"{r['examples']:>9} {r['examples_read']:>14} {r['examples_read'] / args.rows:>9.3f} "
-              f"{r['steps_per_sec'] / single:>8.2f}x {r['auc']:>7.4f}")
+              f"{r['steps_per_sec'] / single['steps_per_sec']:>8.2f}x "
+              f"{steady if steady else '-':>7} {f'{ratio:.2f}x' if ratio else '-':>9} {r['examples']:>9} "
+              f"{r['examples_read'] / args.rows / args.epochs:>15.3f} {r['auc']:>7.4f}")
     print()
 
     costs = step_costs(args.batch, [ps for ps, _ in SETUPS])
