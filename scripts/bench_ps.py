@@ -24,7 +24,7 @@ process competes for them) of steps/s against workers, from those per-step costs
 the single-process time per step measured here (trace included), a stated network
 and the table speed of DESIGN.md section 9.
 
-    python scripts/bench_ps.py [--rows 40000] [--batch 512] [--epochs 3]
+    python scripts/bench_ps.py [--rows 100000] [--batch 512] [--epochs 3]
 
 Prints tables and a final JSON line.
 """
@@ -198,7 +198,7 @@ def paper_model(local_step_s: float, cost: dict, workers: int, ps: int) -> float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=40_000)
+    parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--epochs", type=int, default=3, help="passes (the steady rate needs 2+)")
     parser.add_argument("--skip-clusters", action="store_true", help="only the per-step costs")
