@@ -194,3 +194,15 @@ def test_parse_traced_once_serves_other_files_and_names_them(tmp_path, monkeypat
         for _ in trainer.dataset("train", epochs=1, shuffle=False, files=paths[1:]):
             pass
     assert traced == ["parse", "fn"]  # two other files: the same traces
+
+
+def test_pipelines_run_without_model_based_autotuning(tmp_path):
+    """Its optimizer thread stalled the end of an iterator (see `pipeline.options`): off in
+    the training, evaluation and raw pipelines alike."""
+    trainer = Trainer(small_config(tmp_path), verbose=0)
+    for ds in (
+        trainer.epoch_dataset(0),
+        trainer.dataset("eval", epochs=1),
+        pipeline.make_dataset(trainer.config, "train", epochs=1),
+    ):
+        assert ds.options().autotune.enabled is False
