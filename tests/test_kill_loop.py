@@ -88,7 +88,7 @@ def kill_plan(rng, k):
 
 
 def table_rows(prefix):
-    """{physical table index: {key: row}} from a checkpoint (empty buckets dropped)."""
+    """{table store: {key: row}} from a checkpoint (empty buckets dropped)."""
     reader = tf.train.load_checkpoint(prefix)
     names = reader.get_variable_to_shape_map()
     out = {}
@@ -98,7 +98,9 @@ def table_rows(prefix):
         keys = reader.get_tensor(name).reshape(-1)
         values = reader.get_tensor(name.replace("table-keys", "table-values"))
         values = values.reshape(keys.size, -1)
-        group = name.split("/groups/")[1].split("/")[0]
+        # .../physical_tables/<t>/<rows|counters>/shards/<shard>/<segment>/...: one dict per
+        # table store, every shard and segment together (a key held twice is an error).
+        group = name.split("/shards/")[0]
         live = keys >= 0
         rows = out.setdefault(group, {})
         for k, v in zip(keys[live].tolist(), values[live]):
