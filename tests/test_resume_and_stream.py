@@ -83,6 +83,38 @@ def test_a_finished_run_given_more_epochs_trains_exactly_the_new_pass(tmp_path):
     assert_same_rows(extended, whole)
 
 
+def test_a_run_killed_after_its_final_checkpoint_writes_its_export_and_metrics_on_restart(tmp_path):
+    """kill -9 between the final checkpoint and the export/metrics: the restart trains nothing
+    and writes what the run still owed; once they exist, a restart writes nothing."""
+    model_dir = tmp_path / "run"
+    settings = [
+        "data.synthetic={rows: 1000, eval_rows: 200, seed: 4, schema: demo}",
+        "data.batch_size=100", "train.epochs=1", "train.checkpoint_every_steps=null",
+        "model.params={dnn: {hidden_units: [8]}}", f"train.model_dir={model_dir}",
+    ]
+    args = ["train", "configs/deepfm_demo.yaml", "--quiet"] + [a for o in settings for a in ("--set", o)]
+    assert recflow(*args, stdout=subprocess.DEVNULL).wait(timeout=600) == 0
+    first = json.loads((model_dir / "metrics.json").read_text())
+    # What a kill right after the final checkpoint leaves: no export, no metrics.
+    (model_dir / "metrics.json").unlink()
+    for version in (model_dir / "export").iterdir():
+        subprocess.run(["rm", "-r", str(version)], check=True)
+
+    proc = recflow(*args, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["steps"] == first["steps"] == 10 and metrics["examples"] == 0  # nothing retrained
+    assert metrics["auc"] == first["auc"]  # the same model, evaluated
+    assert (model_dir / "export" / "10" / "saved_model.pb").exists()
+
+    written = (model_dir / "metrics.json").stat().st_mtime_ns
+    proc = recflow(*args, stdout=subprocess.PIPE, text=True)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0 and "already at step 10" in out
+    assert (model_dir / "metrics.json").stat().st_mtime_ns == written
+
+
 def assert_same_rows(model_dir, reference):
     """Every logical table holds the same ids, each once, with the same embedding, optimizer
     slots, count and last step."""

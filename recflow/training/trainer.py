@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -342,6 +343,15 @@ class Trainer:
             )
         return self.finish(examples, time.perf_counter() - began, start)
 
+    def _ended(self, step: int) -> bool:
+        """Whether the model dir has the metrics and the export of a run that ended at `step`."""
+        try:
+            with open(os.path.join(self.model_dir, "metrics.json"), encoding="utf-8") as f:
+                written = json.load(f).get("steps")
+        except (OSError, ValueError):
+            return False
+        return written == step and os.path.isdir(os.path.join(self.model_dir, "export", str(step)))
+
     def already_done(self, epoch: int) -> dict:
         """The summary of a model dir whose run is complete: nothing trained, nothing exported."""
         step = self.restore()
@@ -427,7 +437,12 @@ class Trainer:
         with self.timing.phase("train"):
             summary = (train or self.fit)()
         if summary.get("already_done"):
-            return summary
+            if self._ended(summary["steps"]):
+                return summary
+            # Killed after its final checkpoint: the run's evaluation, export and metrics
+            # are still to be written.
+            logger.warning("the run ended at step %d without its export and metrics; writing them", summary["steps"])
+            summary = {"steps": summary["steps"], "examples": 0, "train_seconds": 0.0}
         evaluate = train is None or self.config.data.eval
         result = self.evaluate() if evaluate else {"eval_bad_records": 0}
         result.update(summary)
