@@ -268,12 +268,26 @@ class Cluster:
             self.network.close()
             self.network = None
 
-    def _restart(self, task: Task, why: str) -> None:
+    def _start_all(self) -> None:
+        """Starts every task, servers first."""
+        for task in sorted(self.tasks, key=lambda t: t.job != "ps"):
+            self.start(task)
+
+    @staticmethod
+    def _failed(task: Task) -> None:
+        """Counts a failure of `task`; too many stop the launch."""
         task.restarts += 1
         if task.restarts > MAX_RESTARTS:
             raise RecflowError(f"launch: {task.name} failed {MAX_RESTARTS} times; see logs/{task.name}.log")
-        logger.warning("%s %s; restarting it", task.name, why)
-        print(f"recflow launch: {task.name} {why}; restarting it", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def _announce(message: str) -> None:
+        logger.warning("%s", message)
+        print(f"recflow launch: {message}", file=sys.stderr, flush=True)
+
+    def _restart(self, task: Task, why: str) -> None:
+        self._failed(task)
+        self._announce(f"{task.name} {why}; restarting it")
         self.start(task)
 
     def _restart_cluster(self, dead_ps: list[Task]) -> None:
@@ -287,26 +301,20 @@ class Cluster:
         the whole cluster starts over from it, servers first.
         """
         for t in dead_ps:
-            t.restarts += 1
-            if t.restarts > MAX_RESTARTS:
-                raise RecflowError(f"launch: {t.name} failed {MAX_RESTARTS} times; see logs/{t.name}.log")
+            self._failed(t)
         why = ", ".join(f"{t.name} exited with {t.process.returncode}" for t in dead_ps)
-        logger.warning("%s; restarting the cluster from the last checkpoint", why)
-        print(f"recflow launch: {why}; restarting the cluster from the last checkpoint",
-              file=sys.stderr, flush=True)
+        self._announce(f"{why}; restarting the cluster from the last checkpoint")
         for t in self.tasks:
             if t.process.poll() is None:
                 t.process.kill()
                 t.process.wait()
-        for t in sorted(self.tasks, key=lambda t: t.job != "ps"):
-            self.start(t)
+        self._start_all()
 
     def run(self, poll_seconds: float = 0.2) -> int:
         """Starts the cluster and supervises it until the chief finishes; returns its exit code."""
         self.network = private_network()
         try:
-            for task in sorted(self.tasks, key=lambda t: t.job != "ps"):  # servers first
-                self.start(task)
+            self._start_all()
             chief = self.tasks[0]
             while True:
                 time.sleep(poll_seconds)
