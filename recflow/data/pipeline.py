@@ -256,7 +256,8 @@ def options() -> tf.data.Options:
     return options
 
 
-_TRACED: dict = {}  # key -> (graph_def, input names, output names, output structure)
+_TRACED: dict = {}  # key -> (graph_def, input names, output names, output structure) or _CAPTURES
+_CAPTURES = object()  # a function that captures tensors: not reusable
 _MAX_TRACED = 16
 
 
@@ -272,24 +273,25 @@ def reused(fn: Callable, key: tuple) -> Callable:
     """
 
     def call(*args):
+        flat = tf.nest.flatten(args, expand_composites=True)
         entry = _TRACED.pop(key, None)
         if entry is None:
             specs = tf.nest.map_structure(tf.type_spec_from_value, args)
             traced = tf.function(plain(fn), autograph=False).get_concrete_function(*specs)
-            flat = tf.nest.flatten(args, expand_composites=True)
-            if len(traced.inputs) != len(flat):  # it captures something: no reuse
-                return plain(fn)(*args)
-            entry = (
-                traced.graph.as_graph_def(),
-                [t.name for t in traced.inputs],
-                [t.name for t in traced.outputs],
-                traced.structured_outputs,
-            )
+            entry = _CAPTURES  # it captures something: traced in place each time
+            if len(traced.inputs) == len(flat):
+                entry = (
+                    traced.graph.as_graph_def(),
+                    [t.name for t in traced.inputs],
+                    [t.name for t in traced.outputs],
+                    traced.structured_outputs,
+                )
         _TRACED[key] = entry  # most recently used last
         while len(_TRACED) > _MAX_TRACED:
             _TRACED.pop(next(iter(_TRACED)))
+        if entry is _CAPTURES:
+            return plain(fn)(*args)
         graph_def, inputs, outputs, structure = entry
-        flat = tf.nest.flatten(args, expand_composites=True)
         results = tf.graph_util.import_graph_def(
             graph_def, input_map=dict(zip(inputs, flat)), return_elements=outputs, name="reused"
         )
