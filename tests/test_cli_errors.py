@@ -290,18 +290,23 @@ def _env() -> dict:
     return env
 
 
-def test_subprocess_config_error_prints_exactly_one_line(tmp_path):
-    raw = tiny_config(tmp_path)
-    raw["features"][0]["dim"] = -3
-    write_config(tmp_path, raw, "bad.yaml")
-    proc = subprocess.run(
-        [sys.executable, "-m", "recflow.cli", "train", "bad.yaml"],
+def _recflow(tmp_path, *args) -> subprocess.CompletedProcess:
+    """`python -m recflow.cli ARGS` in `tmp_path`, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "recflow.cli", *args],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_subprocess_config_error_prints_exactly_one_line(tmp_path):
+    raw = tiny_config(tmp_path)
+    raw["features"][0]["dim"] = -3
+    write_config(tmp_path, raw, "bad.yaml")
+    proc = _recflow(tmp_path, "train", "bad.yaml")
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     assert proc.stderr.splitlines() == [
@@ -349,18 +354,11 @@ def test_subprocess_user_errors_do_not_import_tensorflow(tmp_path):
 
 
 def test_subprocess_success_skips_teardown_but_keeps_every_output_byte(tmp_path):
-    """`recflow` exits with `os._exit` after a success: the output it printed (here a
-    large one, into a pipe) is complete, and the exit code is 0."""
+    """`recflow` exits with `os._exit` after a success: the output it printed (into a pipe,
+    where stdout is block-buffered) is complete, and the exit code is 0."""
     write_config(tmp_path, tiny_config(tmp_path), "tiny.yaml")
     write_csv(tmp_path, [HEADER, *ROWS])
-    proc = subprocess.run(
-        [sys.executable, "-m", "recflow.cli", "data", "check", "tiny.yaml", "--json"],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _recflow(tmp_path, "data", "check", "tiny.yaml", "--json")
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)  # parses only when every byte arrived
     assert report
