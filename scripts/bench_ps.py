@@ -60,7 +60,7 @@ def settings(rows: int, batch: int, epochs: int) -> list[str]:
     ]
 
 
-def run_job(command: str, model_dir: str, extra: list[str], sets: list[str]) -> dict:
+def run_job(command: str, model_dir: str, extra: list[str], sets: list[str], batch: int) -> dict:
     args = [sys.executable, "-m", "recflow.cli", command, CONFIG, "--model-dir", model_dir, *extra]
     for item in sets:
         args += ["--set", item]
@@ -70,7 +70,6 @@ def run_job(command: str, model_dir: str, extra: list[str], sets: list[str]) -> 
     with open(os.path.join(model_dir, "metrics.json"), encoding="utf-8") as f:
         m = json.load(f)
     steady = m["timing"].get("steady_examples_per_sec")
-    batch = int(next(s for s in sets if s.startswith("data.batch_size=")).split("=")[1])
     return {
         "steps": m["steps"], "seconds": m["train_seconds"],
         "steps_per_sec": round(m["steps"] / m["train_seconds"], 2),
@@ -207,17 +206,17 @@ def main() -> None:
     sets = settings(args.rows, args.batch, args.epochs)
     speed = {}
     with tempfile.TemporaryDirectory() as tmp:
-        speed["single process"] = run_job("train", os.path.join(tmp, "local"), [], sets)
+        speed["single process"] = run_job("train", os.path.join(tmp, "local"), [], sets, args.batch)
         if not args.skip_clusters:
             for ps, workers in SETUPS:
                 extra = ["--ps", str(ps), "--workers", str(workers)]
                 speed[f"{ps} PS + {workers} workers"] = run_job(
-                    "launch", os.path.join(tmp, f"ps{ps}"), extra, sets
+                    "launch", os.path.join(tmp, f"ps{ps}"), extra, sets, args.batch
                 )
                 if ps == 1:  # the same with train.prefetch_embeddings
                     speed["1 PS + 1 workers, prefetch"] = run_job(
                         "launch", os.path.join(tmp, "ps1p"), extra,
-                        sets + ["train.prefetch_embeddings=true"],
+                        sets + ["train.prefetch_embeddings=true"], args.batch,
                     )
     print(f"{args.epochs} epoch(s) of {args.rows} rows, batch {args.batch} (2 cores: every process "
           "shares them); steps/s over the whole training (start-up, traces, table growth included), "
