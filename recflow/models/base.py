@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from typing import Callable
 
 import tensorflow as tf
 import tf_keras as keras
@@ -173,7 +174,9 @@ class RankingModel(keras.Model):
         Inside a `tf.while_loop` Keras cannot aggregate gradients across replicas
         (no `merge_call` in control flow). recflow runs one replica per process (a
         parameter-server worker too), so there is nothing to aggregate: each
-        variable takes the optimizer's own update step.
+        variable takes the optimizer's own update step, on the variable's device.
+        Under parameter servers only the gradients travel there, packed into one
+        tensor per device (a cross-process tensor is one RPC).
         """
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         if not pairs:
@@ -184,9 +187,46 @@ class RankingModel(keras.Model):
             return
         with tf.init_scope():
             optimizer.build([v for _, v in pairs])
-        for grad, variable in pairs:
-            optimizer._update_step(grad, variable)
-        optimizer.iterations.assign_add(1)
+        with tf.name_scope("dense_update"):
+            for device, group in _by_device(pairs).items():
+                unpack = _pack([g for g, _ in group])
+                with tf.device(device):
+                    for grad, (_, variable) in zip(unpack(), group):
+                        optimizer._update_step(grad, variable)
+            with tf.device(optimizer.iterations.device):
+                optimizer.iterations.assign_add(1)
+
+
+def _by_device(pairs: list) -> dict:
+    """(gradient, variable) pairs grouped by the variable's device, in order."""
+    groups: dict = {}
+    for grad, variable in pairs:
+        groups.setdefault(variable.device, []).append((grad, variable))
+    return groups
+
+
+def _pack(grads: list) -> Callable[[], list]:
+    """Packs dense float32 gradients into one tensor here; the returned function unpacks them.
+
+    Call the function under the device that uses the gradients: the packed
+    tensor crosses to it once. Sparse (`IndexedSlices`) and other gradients pass
+    as they are.
+    """
+    dense = [
+        i for i, g in enumerate(grads) if isinstance(g, tf.Tensor) and g.dtype == tf.float32
+    ]
+    if len(dense) < 2 or any(not grads[i].shape.is_fully_defined() for i in dense):
+        return lambda: list(grads)
+    flat = tf.concat([tf.reshape(grads[i], [-1]) for i in dense], 0)
+    sizes = [grads[i].shape.num_elements() for i in dense]
+
+    def unpack():
+        out = list(grads)
+        for i, piece in zip(dense, tf.split(flat, sizes)):
+            out[i] = tf.reshape(piece, grads[i].shape)
+        return out
+
+    return unpack
 
 
 class RetrievalModel(RankingModel):
