@@ -130,8 +130,9 @@ class PSRunner:
     A wave schedules chunks, then joins: checkpoints (and every other callback)
     run between waves, when no closure is in flight. Synthetic chunks fill the
     steps up to the next hook boundary (`train.checkpoint_every_steps`,
-    `export.every_steps`, `export.delta_every_steps`, `train.log_every_steps`,
-    the `train.steps` target) exactly, so hooks run at their exact steps; a
+    `export.every_steps`, `export.delta_every_steps`, the `train.steps` target)
+    exactly, so those hooks run at their exact steps (the loss log at the first
+    wave end at or after its step); a
     wave of files gives one file to each worker, each chunk to the end of its
     file (reading a file from the middle re-reads its start) or its share of
     the target, and hooks run at the first wave end at or after their step.
@@ -211,13 +212,16 @@ class PSRunner:
     # ------------------------------------------------------------------ epoch
 
     def _boundary(self, step: int, target: int | None) -> int | None:
-        """The next step a callback is scheduled at (or the target), or None."""
+        """The next step a checkpoint, delta or export is scheduled at (or the target), or None.
+
+        The loss log is not a boundary: it is written at the first wave end at or after
+        its step, so chunks stay long (each costs its pipeline's start on the worker).
+        """
         config = self.trainer.config
         every = [
             config.train.checkpoint_every_steps,
             config.export.every_steps,
             config.export.delta_every_steps,
-            config.train.log_every_steps,
         ]
         points = [(step // n + 1) * n for n in every if n]
         if target is not None:
