@@ -136,9 +136,10 @@ def test_worker_kill_is_at_least_once_and_chief_restart_is_exact(tmp_path):
 
 
 def _split_rows(rows, workers):
-    """Rows per synthetic split, worked out like `make_splits` (4 ranges of whole batches per worker)."""
+    """Rows per synthetic split, worked out like `make_splits`: ranges of whole batches, up to
+    4 per worker, of 256 batches or more, at least one per worker."""
     batches = -(-rows // BATCH)
-    count = min(4 * workers, batches)
+    count = min(batches, max(workers, min(4 * workers, batches // 256)))
     bounds = [min(rows, (batches * i // count) * BATCH) for i in range(count + 1)]
     return list(np.diff(bounds))
 
@@ -161,3 +162,29 @@ def test_prefetch_trains_one_worker_exactly_as_without(tmp_path, csv_files):
     assert with_prefetch["steps"] == without["steps"]
     for metric in ("auc", "logloss"):
         assert with_prefetch[metric] == pytest.approx(without[metric], abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "rows,batch,workers,want",
+    [
+        (100_000, 512, 1, [196]),  # 196 batches: one split (a chunk start is worth ~15 steps)
+        (100_000, 512, 2, [98, 98]),  # fewer than 256 per split, but one per worker
+        (300_000, 512, 1, [293, 293]),  # 586 batches: 2 splits of 256 or more
+        (10_000_000, 512, 4, [1220] * 4 + [1221] * 12),  # 19,532 batches: the cap, 4 per worker
+        (100, 64, 4, [1, 1]),  # 2 batches for 4 workers: one each, 2 workers idle
+    ],
+)
+def test_synthetic_splits_hold_enough_batches_to_pay_for_their_start(rows, batch, workers, want):
+    from recflow.config import load_config
+    from recflow.distribute.splits import make_splits
+
+    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "deepfm_demo.yaml"), [
+        f"data.synthetic={{rows: {rows}, eval_rows: 10, seed: 1, schema: demo}}",
+        f"data.batch_size={batch}",
+    ])
+    splits = make_splits(config, workers)
+    batches = [-(-(s.stop - s.start) // batch) for s in splits]
+    assert sorted(batches) == sorted(want)
+    # Contiguous whole batches covering every row once.
+    assert splits[0].start == 0 and splits[-1].stop == rows
+    assert all(a.stop == b.start and a.stop % batch == 0 for a, b in zip(splits, splits[1:]))

@@ -1,7 +1,7 @@
 """Input splits for parameter-server training: each row read once per epoch, by one worker.
 
 An epoch's input is cut into splits: one per training file, or for synthetic
-data `SPLITS_PER_WORKER` row ranges per worker (whole batches each). The chief
+data up to `SPLITS_PER_WORKER` row ranges per worker (whole batches each). The chief
 hands out *chunks* of splits, `(split, first batch, batch count)`, as
 `ClusterCoordinator` closures; a closure builds that chunk's dataset on the
 worker that runs it and trains every batch of it there. So a row is read by one
@@ -32,7 +32,11 @@ from recflow.data import pipeline, sources
 
 logger = logging.getLogger(__name__)
 
-SPLITS_PER_WORKER = 4  # synthetic row ranges per worker: load balance vs per-chunk start-up
+SPLITS_PER_WORKER = 4  # synthetic row ranges per worker at most: load balance vs per-chunk start-up
+# Batches a synthetic split holds at least (unless that leaves a worker without one): a
+# chunk's start costs the worker ~80 ms (its pipeline's functions are instantiated and
+# optimized for each new iterator), ~15 steps of the demo at batch 512.
+MIN_SPLIT_BATCHES = 256
 UNLIMITED = 2**62  # a chunk's batch count: to the end of its split
 FINISHED = -1  # SplitState position of a split whose every batch is trained
 
@@ -62,8 +66,9 @@ class Split:
 
 
 def make_splits(config: Config, num_workers: int) -> list[Split]:
-    """The splits of the training data: one per file, or `SPLITS_PER_WORKER` synthetic
-    row ranges per worker (fewer when there are fewer batches).
+    """The splits of the training data: one per file, or synthetic row ranges: up to
+    `SPLITS_PER_WORKER` per worker, each of `MIN_SPLIT_BATCHES` batches or more, but
+    one per worker at least (and never more than the batches).
 
     Synthetic ranges hold whole batches (the last one the rest), so a split's
     batches are the batches a single pass would make. (A chief restarted with
@@ -76,7 +81,8 @@ def make_splits(config: Config, num_workers: int) -> list[Split]:
         return [Split(i, file=f) for i, f in enumerate(files)]
     rows, batch = data.synthetic.rows, data.batch_size
     batches = -(-rows // batch)
-    count = max(1, min(SPLITS_PER_WORKER * num_workers, batches))
+    by_size = min(SPLITS_PER_WORKER * num_workers, batches // MIN_SPLIT_BATCHES)
+    count = max(1, min(batches, max(num_workers, by_size)))
     bounds = [min(rows, (batches * i // count) * batch) for i in range(count + 1)]
     return [Split(i, start=bounds[i], stop=bounds[i + 1]) for i in range(count)]
 
