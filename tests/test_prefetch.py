@@ -127,6 +127,8 @@ def transformed(config, batch):
 def train_chunks(config, data, sizes, shards, prefetch):
     """Trains `data` as chunks of `sizes` batches, one iterator each; returns the chunks' results."""
     model = fresh_model(config, shards)
+    if prefetch:
+        model.embedding.make_staging(1)
     run = tf.function(
         lambda iterator: train_chunk(model, iterator, prefetch=prefetch), autograph=False
     )
@@ -199,3 +201,18 @@ def test_chunk_skips_batches_without_rows():
     _, (result,) = train_chunks(config, [data[0], empty, data[2]], [3], 1, prefetch=True)
     assert (int(result.read), int(result.steps), int(result.rows)) == (3, 2, 2 * BATCH)
     assert int(result.bad) == 7 and bool(result.finite) and np.isfinite(float(result.loss))
+
+
+def test_staging_slots_are_not_model_state(tmp_path):
+    """Staged rows live between two steps of a chunk: not in the model's variables nor in
+    its checkpoints (a chunk stages its first batch when it starts)."""
+    model = fresh_model(make_config(1))
+
+    def saved_keys(name):
+        path = tf.train.Checkpoint(model=model).save(str(tmp_path / name))
+        return sorted(key for key, _ in tf.train.list_variables(path))
+
+    variables, keys = len(model.variables), saved_keys("before")
+    model.embedding.make_staging(3)
+    assert len(model.variables) == variables
+    assert saved_keys("after") == keys

@@ -1,5 +1,7 @@
 """What a parameter-server worker's step sends to the PS: the dense optimizer runs on the
-PS, so only the dense gradients cross, packed into one tensor.
+PS, so only the dense gradients cross, packed into one tensor; with prefetching, the
+next batch's rows stay on the PS (staged there), so no packed rows cross in a loop
+variable or a step's result.
 
 The step is traced in a separate process connected to a real in-process PS server
 (connecting changes the process's device names, which the other test modules share).
@@ -10,6 +12,8 @@ import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 SCRIPT = textwrap.dedent(
     """
@@ -24,7 +28,9 @@ SCRIPT = textwrap.dedent(
     from recflow.embedding.placement import ModPlacement
     from recflow.features.transform import transform
     from recflow.models import build_model
+    from recflow.training.chunk import Prefetch, train_chunk
     from recflow.training.trainer import make_dense_optimizer
+    from recflow.data.pipeline import NONFINITE, TRUNCATED
 
     chief, ps_port = free_ports(2)
     cluster = tf.train.ClusterSpec({"ps": [f"localhost:{ps_port}"], "chief": [f"localhost:{chief}"]})
@@ -57,7 +63,25 @@ SCRIPT = textwrap.dedent(
         t.op.type for op in update if remote(op) for t in op.inputs
         if not remote(t.op) and t.dtype != tf.resource
     })
+    # Prefetching: what the chunk's loop carries and what a step returns.
+    engine = model.embedding
+    engine.make_staging(2)
+    features = dict(batch[0])
+    features[NONFINITE] = features[TRUNCATED] = tf.constant(0, tf.int64)
+    ds = tf.data.Dataset.from_tensors((features, batch[1], batch[2])).repeat(3)
+    chunk = tf.function(
+        lambda it, slot: tuple(train_chunk(model, it, prefetch=True, slot=slot)), autograph=False
+    )
+    chunk_graph = chunk.get_concrete_function(iter(ds), tf.constant(1, tf.int64)).graph
+    loops = [op for op in chunk_graph.get_operations() if op.type in ("While", "StatelessWhile")]
+    keys = engine.batch_keys(model.split_features(batch[0])[0])
+    slot = tf.constant(1, tf.int64)
+    ahead = Prefetch(slot, keys, keys, engine.stage(slot, engine.lookup(keys)))
+    prefetch_step = tf.function(lambda b, a: model.train_on_rows(b, a, in_loop=True), autograph=False)
+    step_outputs = prefetch_step.get_concrete_function(batch, ahead).outputs
     print(json.dumps({
+        "loop_carried": sorted({(t.dtype.name, t.shape.rank) for op in loops for t in op.inputs}, key=str),
+        "step_outputs": [(t.dtype.name, t.shape.rank) for t in step_outputs],
         "variables": len(model.trainable_variables),
         "remote_variables": sum("/job:ps" in v.device for v in model.trainable_variables),
         "update_ops": len(update),
@@ -72,14 +96,18 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_dense_update_runs_on_the_ps_and_receives_one_packed_gradient():
+@pytest.fixture(scope="module")
+def report():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_dense_update_runs_on_the_ps_and_receives_one_packed_gradient(report):
     # The demo DeepFM has several dense variables, all on the PS.
     assert report["variables"] > 2 and report["remote_variables"] == report["variables"]
     assert report["update_ops"] > 0
@@ -87,3 +115,14 @@ def test_dense_update_runs_on_the_ps_and_receives_one_packed_gradient():
     assert set(report["local_ops"]) <= {"Reshape", "ConcatV2", "Const"}, report
     # Into the PS: one tensor, the packed gradients (not one per variable, nor slot reads).
     assert report["crossing"] == ["ConcatV2"] and report["crossing_count"] == 1, report
+
+
+def test_prefetched_rows_stay_on_the_ps(report):
+    """A tensor leaving a loop, a branch or a call goes through the worker: the loop may
+    carry the batches' keys (int64 [U], the worker's) but no packed rows (float32
+    [U, width]), and a prefetching step returns only scalars (its loss and the staging
+    token), not what it wrote."""
+    carried = [tuple(x) for x in report["loop_carried"]]
+    assert ("int64", 1) in carried  # the next batch's keys: the loop is the prefetching one
+    assert ("float32", 2) not in carried, carried
+    assert [rank for _, rank in report["step_outputs"]] == [0, 0], report["step_outputs"]

@@ -23,6 +23,7 @@ from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable, plan_tables
 from recflow.embedding.rows import KEY_BYTES, RowLayout
+from recflow.embedding.staging import Staging
 from recflow.embedding.table import MIN_LOAD, ShardedTable
 from recflow.errors import RecflowError
 from recflow.features.keys import KEY_FORMAT, decode, encode_parts, slot_of
@@ -48,6 +49,14 @@ class ShardRows(NamedTuple):
     counts: tf.Tensor  # occurrences in the batch [U_s] int32
     rows: tf.Tensor  # packed rows [U_s, width]; a missing key reads count 0
     seen: tf.Tensor  # admission sightings before this batch [U_s] int32 (zeros without admission)
+
+
+class BatchKeys(NamedTuple):
+    """A batch's unique keys of one physical table (`EmbeddingEngine.batch_keys`)."""
+
+    keys: tf.Tensor  # unique keys [U]
+    index: tf.Tensor  # position in `keys` of every id, all uses concatenated [N]
+    counts: tf.Tensor  # occurrences in the batch [U] int32
 
 
 class Fetched(NamedTuple):
@@ -312,22 +321,36 @@ class EmbeddingEngine(tf.Module):
 
     # ------------------------------------------------------------------ training step
 
+    def batch_keys(self, ids: dict) -> list[BatchKeys]:
+        """A batch's unique keys per physical table, with their counts (on this device)."""
+        out = []
+        for table in self.physical_tables:
+            keys, index, counts = tf.unique_with_counts(self._keys(table, ids))
+            out.append(BatchKeys(keys, index, tf.cast(counts, tf.int32)))
+        return out
+
+    def empty_batch_keys(self) -> list[BatchKeys]:
+        """What `batch_keys` returns for a batch with no ids."""
+        none = tf.zeros([0], tf.int32)
+        return [BatchKeys(tf.zeros([0], tf.int64), none, none)] * len(self.physical_tables)
+
     def fetch(self, ids: dict) -> list[Fetched]:
         """Looks up the packed rows (and admission counters) of a batch's keys.
 
-        The only reads of a training step: a step that prefetches calls this for
-        the next batch while the current one computes (`refresh` then brings the
-        rows up to date with the current step's writes). The rows stay on their
-        shards' devices.
+        The only reads of a training step: a step that prefetches looks up the
+        next batch's keys while it computes (`refresh` then brings those rows up
+        to date with the step's writes). The rows stay on their shards' devices.
         """
+        return self.lookup(self.batch_keys(ids))
+
+    def lookup(self, batch_keys: list[BatchKeys]) -> list[Fetched]:
+        """`fetch` for keys already made unique (`batch_keys`)."""
         fetched = []
-        for table in self.physical_tables:
-            keys, index, counts = tf.unique_with_counts(self._keys(table, ids))
-            counts = tf.cast(counts, tf.int32)
-            positions, parts = table.rows.partition(keys)
+        for table, batch in zip(self.physical_tables, batch_keys):
+            positions, parts = table.rows.partition(batch.keys)
             shards = []
             for i, (position, part) in enumerate(zip(positions, parts)):
-                part_counts = counts if position is None else tf.gather(counts, position)
+                part_counts = batch.counts if position is None else tf.gather(batch.counts, position)
                 with tf.device(self.placement.device(i)):
                     rows = table.rows.lookup_shard(i, part)
                     if table.counters is None:
@@ -335,19 +358,33 @@ class EmbeddingEngine(tf.Module):
                     else:
                         seen = table.counters.lookup_shard(i, part)[:, 0]
                 shards.append(ShardRows(part, part_counts, rows, seen))
-            fetched.append(Fetched(keys, index, shards))
+            fetched.append(Fetched(batch.keys, batch.index, shards))
         return fetched
 
-    def empty_fetched(self) -> list[Fetched]:
-        """What `fetch` returns for a batch with no ids."""
-        empty = []
-        for table in self.physical_tables:
-            keys = tf.zeros([0], tf.int64)
-            none = tf.zeros([0], tf.int32)
-            rows = tf.zeros([0, table.layout.width])
-            shards = [ShardRows(keys, none, rows, none)] * table.rows.num_shards
-            empty.append(Fetched(keys, none, shards))
-        return empty
+    # ------------------------------------------------------------------ prefetch staging
+
+    def make_staging(self, slots: int) -> None:
+        """Creates `slots` staging slots for prefetched rows on each shard's device (eager;
+        see `recflow.embedding.staging`). Not checkpointed."""
+        widths = [table.layout.width for table in self.physical_tables]
+        # A plain object: its variables stay out of `variables` and checkpoints.
+        self._staging = Staging(ShardRows, widths, self.placement, slots)
+
+    def stage(self, slot: tf.Tensor, fetched: list[Fetched], after=None) -> tf.Tensor:
+        """Keeps `fetched`'s rows in staging `slot` on their shards (once `after` is done);
+        returns the token `staged` waits for."""
+        return self._staging_slots().write(slot, fetched, after)
+
+    def staged(self, slot: tf.Tensor, batch_keys: list[BatchKeys], after: tf.Tensor) -> list[Fetched]:
+        """The rows of `batch_keys` last `stage`d in `slot`, read after its token `after`."""
+        shards = self._staging_slots().read(slot, after)
+        return [Fetched(b.keys, b.index, parts) for b, parts in zip(batch_keys, shards)]
+
+    def _staging_slots(self) -> Staging:
+        staging = getattr(self, "_staging", None)
+        if staging is None:
+            raise RuntimeError("prefetching needs `EmbeddingEngine.make_staging` first")
+        return staging
 
     def refresh(self, fetched: list[Fetched], written: list[list[Written]]) -> list[Fetched]:
         """`fetched` as if read after the writes of `written` (the previous step's).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 
 import tensorflow as tf
 
@@ -47,3 +48,32 @@ class ModPlacement(Placement):
 
     def device(self, shard: int) -> str | None:
         return self.ps_devices[shard] if self.ps_devices else None
+
+
+class _Anchor:
+    """What `ParameterServerStrategy` colocates a new variable with: only its device."""
+
+    def __init__(self, device: str):
+        self.device = device
+        self.name = device
+
+
+@contextlib.contextmanager
+def variables_on(device: str | None):
+    """Variables created inside live on `device` (None: where they would anyway).
+
+    `ParameterServerStrategy` places each new variable on the next PS task, round
+    robin, whatever the device scope; it does honour a colocation request, which
+    is how a shard's variables are kept on its own PS task.
+    """
+    if device is None:
+        yield
+        return
+    anchor = _Anchor(device)
+
+    def creator(next_creator, **kwargs):
+        kwargs["colocate_with"] = anchor  # read by the PS strategy, ignored otherwise
+        return next_creator(**kwargs)
+
+    with tf.device(device), tf.variable_creator_scope(creator):
+        yield

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from recflow.embedding.placement import Placement
+from recflow.embedding.placement import Placement, variables_on
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY
 
 SEGMENTS = 6
@@ -144,6 +144,7 @@ class ShardedTable(tf.Module):
                         for j, size in enumerate(sizes)
                     ]
                 )
+            with variables_on(placement.device(i)):
                 self.routes.append(tf.Variable(routes, trainable=False, name=f"{base}_routes_{i}"))
 
     @property

@@ -139,34 +139,43 @@ class RankingModel(keras.Model):
         loss, _ = self.train_on_rows(data)
         return {"loss": loss}
 
-    def train_on_rows(self, data, fetched: list | None = None, in_loop: bool = False):
-        """One training step; returns (loss, what it wrote to the tables).
+    def train_on_rows(self, data, prefetch=None, in_loop: bool = False):
+        """One training step; returns (loss, the token of the rows it staged, or None).
 
         Args:
             data: (features, labels, bad-record count), one batch.
-            fetched: the batch's rows from `embedding.fetch`, read ahead (and
-                `embedding.refresh`ed) by a caller that prefetches; None reads them now.
+            prefetch: a `recflow.training.chunk.Prefetch` from a caller that
+                prefetches: the batch's rows are read from its staging slot, and
+                the next batch's are looked up while this step computes, brought
+                up to date with its writes (`embedding.refresh`) and staged.
+                None reads the batch's rows now.
             in_loop: the step runs inside a `tf.while_loop` (`train_chunk`).
         """
         features, labels, bad = data
         ids, dense = self.split_features(features)
-        if fetched is None:
-            fetched = self.embedding.fetch(ids)
+        engine = self.embedding
+        if prefetch is None:
+            fetched = engine.fetch(ids)
+        else:
+            fetched = engine.staged(prefetch.slot, prefetch.keys, after=prefetch.staged)
+            ahead = engine.lookup(prefetch.following)  # issued before this step writes
         step = self.global_step.assign_add(1)
         self.bad_records.assign_add(tf.cast(bad, tf.int64))
-        states = self.embedding.states(fetched, step)
+        states = engine.states(fetched, step)
         rows = [s.emb for s in states]
         with tf.GradientTape() as tape:
             tape.watch(rows)
             inputs = dict(dense)
-            inputs.update(self.embedding.embed_step(states, ids))
+            inputs.update(engine.embed_step(states, ids))
             logits = self._logits_by_head(self._train_tower(inputs))
             loss = self.compute_total_loss(labels, logits)
         variables = self.trainable_variables
         grads = tape.gradient(loss, list(variables) + rows)
         self._apply_dense(grads[: len(variables)], variables, in_loop)
-        written = self.embedding.apply(states, grads[len(variables) :], step)
-        return loss, written
+        written = engine.apply(states, grads[len(variables) :], step)
+        if prefetch is None:
+            return loss, None
+        return loss, engine.stage(prefetch.slot, engine.refresh(ahead, written))
 
     def _apply_dense(self, grads: list, variables: list, in_loop: bool) -> None:
         """The dense optimizer's update.

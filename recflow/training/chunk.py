@@ -3,10 +3,10 @@
 `train_chunk` trains every batch of an iterator (a split's chunk) inside one
 `tf.while_loop`, so one `ClusterCoordinator` closure carries many steps.
 
-With `prefetch` (`train.prefetch_embeddings`) a step first issues the lookups of
-the next batch's rows, then computes and writes its own; under parameter servers
-those lookups overlap the step's forward and backward pass. Rows that both
-batches touch are then taken from what the step wrote
+With `prefetch` (`train.prefetch_embeddings`) a step also looks up the next
+batch's rows, on the parameter servers while it computes its own, and leaves
+them there in a staging slot for the next step (`recflow.embedding.staging`).
+Rows that both batches touch are first taken from what the step wrote
 (`EmbeddingEngine.refresh`), so a chunk trains exactly as one `train_step` after
 another would (README "Prefetching embeddings").
 """
@@ -33,58 +33,77 @@ class ChunkResult(NamedTuple):
     finite: tf.Tensor  # bool: every loss was finite (the chunk stops at the first that is not)
 
 
+class Prefetch(NamedTuple):
+    """What a prefetching step gets besides its batch (`RankingModel.train_on_rows`)."""
+
+    slot: tf.Tensor  # int64 scalar: the chunk's staging slot
+    keys: list  # this batch's `BatchKeys` per table; its rows are staged in `slot`
+    following: list  # the next batch's `BatchKeys` (empty after the last batch)
+    staged: tf.Tensor  # the token of the write that staged this batch's rows
+
+
 def train_chunk(
     model,
     iterator,
     prefetch: bool = False,
     applied: tf.Variable | None = None,
     step: Callable | None = None,
+    slot: tf.Tensor | None = None,
 ) -> ChunkResult:
     """Trains `model` on every batch of `iterator` (traced code: call it in a `tf.function`).
 
     Args:
         model: a `RankingModel`.
         iterator: a `tf.data` iterator of (features, labels, bad-record count).
-        prefetch: look the next batch's rows up while a step computes.
+        prefetch: look the next batch's rows up while a step computes (needs
+            `model.embedding.make_staging`).
         applied: counts the rows of each step once its updates are written.
-        step: `step(batch, fetched) -> (loss, written)`, the model's
+        step: `step(batch, prefetch) -> (loss, staged token or None)`, the model's
             `train_on_rows` in a loop by default; pass one traced function to
             share its trace between chunk functions.
+        slot: the staging slot of this chunk (int64 scalar; 0 by default): chunks
+            that run at the same time need distinct slots.
     """
     engine = model.embedding
     label = model.config.labels[0]
-    step = step or (lambda batch, fetched: model.train_on_rows(batch, fetched, in_loop=True))
+    step = step or (lambda batch, ahead: model.train_on_rows(batch, ahead, in_loop=True))
+    slot = tf.constant(0, tf.int64) if slot is None else slot
 
-    def fetch(element):
+    def keys_of(element):  # on the worker: only keys ever reach the loop's variables
         def read():
-            features = element.get_value()[0]
-            return engine.fetch(model.split_features(features)[0])
+            return engine.batch_keys(model.split_features(element.get_value()[0])[0])
 
-        return tf.cond(element.has_value(), read, engine.empty_fetched)
+        return tf.cond(element.has_value(), read, engine.empty_batch_keys)
 
-    def body(read, steps, rows, bad, nonfinite, truncated, loss, finite, element, *fetched):
+    def body(read, steps, rows, bad, nonfinite, truncated, loss, finite, element, carried):
         batch = element.get_value()
         features, labels, batch_bad = batch
         size = tf.shape(labels[label], out_type=tf.int64)[0]
         following = iterator.get_next_as_optional()
-        ahead = [fetch(following)] if prefetch else []  # issued before this step writes
+        ahead = None
+        if prefetch:
+            staged, keys = carried
+            ahead = Prefetch(slot, keys, keys_of(following), staged)
 
         def train():
-            step_loss, written = step(batch, fetched[0] if prefetch else None)
+            step_loss, token = step(batch, ahead)
             step_loss = tf.reshape(tf.cast(step_loss, tf.float32), [])
             if applied is not None:
                 with tf.control_dependencies([step_loss]):
                     counted = applied.assign_add(size)
                 with tf.control_dependencies([counted]):
                     step_loss = tf.identity(step_loss)
-            refreshed = [engine.refresh(ahead[0], written)] if prefetch else []
-            return (steps + 1, step_loss, *refreshed)
+            return (steps + 1, step_loss, *([token] if prefetch else []))
 
         def skip():  # every row of the batch was bad: no step
             with tf.control_dependencies([model.bad_records.assign_add(batch_bad)]):
-                return tf.nest.map_structure(tf.identity, (steps, loss, *ahead))
+                if not prefetch:
+                    return tf.identity(steps), tf.identity(loss)
+                # The next batch's rows go to the slot with no step in between.
+                token = engine.stage(slot, engine.lookup(ahead.following), after=ahead.staged)
+                return tf.identity(steps), tf.identity(loss), token
 
-        new_steps, new_loss, *refreshed = tf.cond(size > 0, train, skip)
+        new_steps, new_loss, *token = tf.cond(size > 0, train, skip)
         return (
             read + 1,
             new_steps,
@@ -95,7 +114,7 @@ def train_chunk(
             new_loss,
             tf.math.is_finite(new_loss),
             following,
-            *refreshed,
+            (token[0], ahead.following) if prefetch else (),
         )
 
     def more(*state):
@@ -104,8 +123,11 @@ def train_chunk(
 
     zero = tf.constant(0, tf.int64)
     first = iterator.get_next_as_optional()
-    initial = (zero,) * 6 + (tf.constant(0.0), tf.constant(True), first)
-    initial += (fetch(first),) if prefetch else ()
+    carried = ()
+    if prefetch:
+        keys = keys_of(first)
+        carried = (engine.stage(slot, engine.lookup(keys)), keys)
+    initial = (zero,) * 6 + (tf.constant(0.0), tf.constant(True), first, carried)
     invariants = tf.nest.map_structure(_any_size, initial)
     out = tf.while_loop(more, body, initial, shape_invariants=invariants)
     return ChunkResult(*out[:8])

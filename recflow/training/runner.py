@@ -159,9 +159,14 @@ class PSRunner:
         # Traced once and called by every chunk function (one per file and epoch): a new
         # file costs a trace of its input pipeline, not of the train step.
         self._step = tf.function(
-            lambda batch, fetched: model.train_on_rows(batch, fetched, in_loop=True),
+            lambda batch, ahead: model.train_on_rows(batch, ahead, in_loop=True),
             autograph=False,
         )
+        if trainer.config.train.prefetch_embeddings:
+            # A slot per chunk of a wave: at most one per split, or per worker for files.
+            slots = len(self.splits) if self.synthetic is not None else self.workers
+            with trainer.strategy.scope():
+                model.embedding.make_staging(slots)
         self._functions: dict = {}
 
     def open(self, epoch: tf.Variable) -> None:
@@ -198,15 +203,17 @@ class PSRunner:
                 ds = splits_lib.file_chunk_dataset(config, split.file, epoch, first, count)
             return trainer._transformed(ds)
 
-        def chunk(start, stop, seed, first, count):
+        def chunk(start, stop, seed, first, count, slot):
             iterator = iter(dataset(start, stop, seed, first, count))
-            return tuple(train_chunk(model, iterator, prefetch, applied, step=train_step))
+            return tuple(train_chunk(model, iterator, prefetch, applied, train_step, slot))
 
         return tf.function(chunk, autograph=False)
 
-    def _schedule(self, split, epoch: int, first: int, count: int):
+    def _schedule(self, split, epoch: int, first: int, count: int, slot: int):
+        """Schedules a chunk; `slot`: its staging slot, distinct within the wave."""
         seed = self.trainer.config.data.seed + epoch * 1_000_003 + split.index
-        args = [tf.constant(v, tf.int64) for v in (split.start, split.stop, seed, first, count)]
+        values = (split.start, split.stop, seed, first, count, slot)
+        args = [tf.constant(v, tf.int64) for v in values]
         return self.trainer.coordinator.schedule(self._chunk_fn(split, epoch), args=tuple(args))
 
     # ------------------------------------------------------------------ epoch
@@ -282,8 +289,8 @@ class PSRunner:
             boundary = self._boundary(step, target)
             plan = self._plan(order, positions, step, boundary, target)
             scheduled = [
-                (split, count, self._schedule(split, epoch, positions[split.index], count))
-                for split, count in plan
+                (split, count, self._schedule(split, epoch, positions[split.index], count, slot))
+                for slot, (split, count) in enumerate(plan)
             ]
             trainer.coordinator.join()
             loss = None
