@@ -9,13 +9,14 @@ Per setup (1 PS + 1 worker, 2 + 2, 4 + 4; real `recflow launch` clusters on loop
    and `examples_read` (rows read from the data by all workers; 1.00x the rows per epoch
    means each row was read once), and AUC; 1 PS + 1 worker also with
    `train.prefetch_embeddings` (README "Prefetching embeddings").
-2. Per step and worker, from the traced train step on an in-process cluster of P PS
-   tasks (DESIGN.md section 7: one lookup and one insert per physical table and shard):
-   tensor transfers between the worker and the PS tasks (each cross-device edge of the
-   step graph is one RecvTensor RPC in TF's gRPC runtime; remote ops are counted too)
-   and bytes moved, from a real batch's unique keys per shard (keys and counts out,
-   embeddings back, gradients out: the sparse optimizer runs on the PS) and the dense
-   variables (read, then gradients pushed).
+2. Per step and worker, from the step as a worker runs it in a chunk's loop, traced on an
+   in-process cluster of P PS tasks (dense weights on PS 0; DESIGN.md section 7: one lookup
+   and one insert per physical table and shard): tensor transfers between the worker and
+   the PS tasks (each is one RecvTensor RPC in TF's gRPC runtime: a tensor per destination
+   device, control edges grouped per device pair) and bytes moved, from a real batch's
+   unique keys per shard (keys and counts out, embeddings back, gradients out: the sparse
+   and dense optimizers run on the PS) and the dense variables (read, then gradients
+   pushed).
 3. Keys per shard under Zipf ids (a = 1.1 over 10^6 ids, batch keys): distinct keys per
    shard per step, max / mean.
 
@@ -79,26 +80,30 @@ def run_job(command: str, model_dir: str, extra: list[str], sets: list[str], bat
     }
 
 
-def _device_of(node, names: dict) -> str:
-    """`ps:i` for a node on PS task i, else `worker` (the step's own device)."""
-    device = node.device
-    if "/job:ps" in device:
-        return "ps:" + device.split("/task:")[1].split("/")[0]
-    return "worker"
+def _transfers(graph) -> int:
+    """Cross-device transfers of a traced step: one per tensor and destination device (TF
+    sends a tensor to a device once), plus one per device pair with control edges between
+    them (grouped). An op without a device that takes a resource runs on the resource's
+    device, as TF colocates it; any other runs on the worker (the step's own device)."""
+    import tensorflow as tf
 
+    handles = {internal.op.name: external.device for external, internal in graph.captures}
 
-def _transfers(graph_def) -> int:
-    """Cross-device edges (data and control) of the step graph and its functions."""
-    total = 0
-    bodies = [list(graph_def.node)] + [list(f.node_def) for f in graph_def.library.function]
-    for nodes in bodies:
-        devices = {n.name: _device_of(n, {}) for n in nodes}
-        for n in nodes:
-            for source in n.input:
-                name = source.lstrip("^").split(":")[0]
-                if name in devices and devices[name] != devices[n.name]:
-                    total += 1
-    return total
+    def device(op) -> str:
+        name = op.device
+        if not name and op.type == "Placeholder":
+            name = handles.get(op.name, "")
+        elif not name:
+            resources = [t.op for t in op.inputs if t.dtype == tf.resource]
+            return device(resources[0]) if resources else "worker"
+        return "ps:" + name.split("/task:")[1].split("/")[0] if "/job:ps" in name else "worker"
+
+    data, control = set(), set()
+    for op in graph.get_operations():
+        here = device(op)
+        data |= {(t.name, here) for t in op.inputs if device(t.op) != here}
+        control |= {(device(c), here) for c in op.control_inputs if device(c) != here}
+    return len(data) + len(control)
 
 
 def step_costs(batch: int, ps_counts: list[int]) -> list[dict]:
@@ -128,10 +133,13 @@ def step_costs(batch: int, ps_counts: list[int]) -> list[dict]:
     rows = []
     for num_ps in ps_counts:
         placement = ModPlacement(num_ps, ps_devices(most)[:num_ps])
-        model = build_model(config, placement)
-        model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
-        graph = tf.function(model.train_step, autograph=False).get_concrete_function(batch_data).graph
-        transfers = _transfers(graph.as_graph_def())
+        with tf.device(ps_devices(most)[0]):  # the dense weights and their slots on PS 0
+            model = build_model(config, placement)
+            model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
+            model.build_weights()
+        # The step as a worker runs it inside a chunk's loop.
+        step = tf.function(lambda b, m=model: m.train_on_rows(b, in_loop=True)[0], autograph=False)
+        transfers = _transfers(step.get_concrete_function(batch_data).graph)
         ids, _ = model.split_features(batch_data[0])
         sparse_bytes, keys_per_shard = 0, np.zeros(num_ps, np.int64)
         for table in model.embedding.physical_tables:

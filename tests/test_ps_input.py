@@ -188,3 +188,28 @@ def test_synthetic_splits_hold_enough_batches_to_pay_for_their_start(rows, batch
     # Contiguous whole batches covering every row once.
     assert splits[0].start == 0 and splits[-1].stop == rows
     assert all(a.stop == b.start and a.stop % batch == 0 for a, b in zip(splits, splits[1:]))
+
+
+def test_a_wave_gives_every_worker_a_chunk_and_stops_at_the_next_hook():
+    """Synthetic waves: the steps to the next hook, shared out over at least one split per
+    worker (a wave with one chunk would leave the other workers idle)."""
+    from types import SimpleNamespace
+
+    from recflow.config import load_config
+    from recflow.distribute import splits as splits_lib
+    from recflow.training.runner import PSRunner
+
+    config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "deepfm_demo.yaml"), [
+        "data.synthetic={rows: 32000, eval_rows: 10, seed: 1, schema: demo}", "data.batch_size=64",
+    ])
+    runner = PSRunner.__new__(PSRunner)  # only the planning state, no cluster
+    runner.trainer, runner.splits_lib, runner.workers = SimpleNamespace(config=config), splits_lib, 2
+    runner.splits = splits_lib.make_splits(config, 2)  # 500 batches: 2 splits of 250
+
+    def plan(order, positions, step, boundary):
+        return [(s.index, n) for s, n in runner._plan(order, positions, step, boundary, None)]
+
+    assert plan([0, 1], [0, 0], 0, 100) == [(0, 50), (1, 50)]
+    assert plan([1, 0], [240, 30], 270, 300) == [(1, 20), (0, 10)]  # split 0 has 10 left
+    assert plan([0, 1], [0, 0], 0, 7) == [(0, 4), (1, 3)]
+    assert plan([0, 1], [240, 30], 270, None) == [(0, 10), (1, 220)]  # no hook: to the ends

@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config, Feature, SequenceFeature
+from recflow.embedding import wire
 from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable, plan_tables
@@ -345,21 +346,26 @@ class EmbeddingEngine(tf.Module):
 
     def lookup(self, batch_keys: list[BatchKeys]) -> list[Fetched]:
         """`fetch` for keys already made unique (`batch_keys`)."""
-        fetched = []
-        for table, batch in zip(self.physical_tables, batch_keys):
-            positions, parts = table.rows.partition(batch.keys)
-            shards = []
-            for i, (position, part) in enumerate(zip(positions, parts)):
-                part_counts = batch.counts if position is None else tf.gather(batch.counts, position)
-                with tf.device(self.placement.device(i)):
-                    rows = table.rows.lookup_shard(i, part)
+        split = [table.rows.partition(b.keys) for table, b in zip(self.physical_tables, batch_keys)]
+        shards = [[] for _ in self.physical_tables]
+        for i in range(self.placement.num_shards):
+            keys, counts = [], []
+            for b, (positions, parts) in zip(batch_keys, split):
+                keys.append(parts[i])
+                counts.append(b.counts if positions[i] is None else tf.gather(b.counts, positions[i]))
+            device = self.placement.device(i)
+            if device is not None:  # one transfer to the PS task
+                arrived = wire.send_ints(keys + counts, device)
+                keys, counts = arrived[: len(keys)], arrived[len(keys) :]
+            with tf.device(device):
+                for t, table in enumerate(self.physical_tables):
+                    rows = table.rows.lookup_shard(i, keys[t])
                     if table.counters is None:
-                        seen = tf.zeros_like(part_counts)
+                        seen = tf.zeros_like(counts[t])
                     else:
-                        seen = table.counters.lookup_shard(i, part)[:, 0]
-                shards.append(ShardRows(part, part_counts, rows, seen))
-            fetched.append(Fetched(batch.keys, batch.index, shards))
-        return fetched
+                        seen = table.counters.lookup_shard(i, keys[t])[:, 0]
+                    shards[t].append(ShardRows(keys[t], counts[t], rows, seen))
+        return [Fetched(b.keys, b.index, parts) for b, parts in zip(batch_keys, shards)]
 
     # ------------------------------------------------------------------ prefetch staging
 
@@ -410,18 +416,31 @@ class EmbeddingEngine(tf.Module):
     def states(self, fetched: list[Fetched], step: tf.Tensor) -> list[_StepState]:
         """The step's rows from fetched ones: new rows initialized, waiting keys zero.
 
-        Computed on each shard's device; only the embeddings leave it.
+        Computed on each shard's device; only the embeddings leave it (one transfer
+        per PS task).
         """
-        states = []
-        for table, f in zip(self.physical_tables, fetched):
-            shards = []
-            for i, part in enumerate(f.shards):
-                with tf.device(self.placement.device(i)):
-                    shards.append(self._shard_step(table, part, step, i))
-            positions, _ = table.rows.partition(f.keys)  # as `fetch` split them
-            emb = table.rows.stitch(positions, [s.emb for s in shards])
-            states.append(_StepState(f.index, positions, shards, emb))
-        return states
+        tables = self.physical_tables
+        positions = [t.rows.partition(f.keys)[0] for t, f in zip(tables, fetched)]  # as `lookup`
+        dims = [t.spec.dim for t in tables]
+        shards = [[] for _ in tables]
+        embs = [[] for _ in tables]
+        for i in range(self.placement.num_shards):
+            device = self.placement.device(i)
+            with tf.device(device):
+                steps = [self._shard_step(t, f.shards[i], step, i) for t, f in zip(tables, fetched)]
+                if device is not None:
+                    flat = wire.pack([s.emb for s in steps])
+            arrived = [s.emb for s in steps]
+            if device is not None:  # here: the part sizes as this device knows them
+                sizes = [_part_size(f.keys, p[i]) for f, p in zip(fetched, positions)]
+                arrived = wire.unpack(flat, sizes, dims)
+            for t, (s, emb) in enumerate(zip(steps, arrived)):
+                shards[t].append(s)
+                embs[t].append(emb)
+        return [
+            _StepState(f.index, p, parts, t.rows.stitch(p, e))
+            for t, f, p, parts, e in zip(tables, fetched, positions, shards, embs)
+        ]
 
     @staticmethod
     def _shard_step(table: _PhysicalTable, part: ShardRows, step: tf.Tensor, shard: int):
@@ -459,23 +478,33 @@ class EmbeddingEngine(tf.Module):
         its row, and dropped by the next `rebuild`. Returns what was written per
         table and shard, for `refresh`.
         """
-        step32 = tf.cast(step, tf.int32)
-        written = []
-        for table, state, grad in zip(self.physical_tables, states, grads):
-            grad = tf.zeros_like(state.emb) if grad is None else tf.convert_to_tensor(grad)
-            table_written = []
-            for i, (position, part) in enumerate(zip(state.positions, state.shards)):
-                part_grad = grad if position is None else tf.gather(grad, position)
-                with tf.device(self.placement.device(i)):
-                    table_written.append(self._apply_shard(table, part, part_grad, step, step32, i))
-            written.append(table_written)
+        tables = self.physical_tables
+        grads = [
+            tf.zeros_like(state.emb) if grad is None else tf.convert_to_tensor(grad)
+            for state, grad in zip(states, grads)
+        ]
+        written = [[] for _ in tables]
+        for i in range(self.placement.num_shards):
+            device = self.placement.device(i)
+            parts = [
+                g if s.positions[i] is None else tf.gather(g, s.positions[i])
+                for s, g in zip(states, grads)
+            ]
+            if device is not None:
+                flat = wire.pack(parts)  # here: one transfer to the PS task
+            with tf.device(device):
+                if device is not None:
+                    sizes = [tf.size(s.shards[i].keys) for s in states]
+                    parts = wire.unpack(flat, sizes, [t.spec.dim for t in tables])
+                for t, (table, state, grad) in enumerate(zip(tables, states, parts)):
+                    written[t].append(self._apply_shard(table, state.shards[i], grad, step, i))
         return written
 
     @staticmethod
-    def _apply_shard(table, part: _ShardStep, grad, step, step32, shard: int) -> Written:
+    def _apply_shard(table, part: _ShardStep, grad, step, shard: int) -> Written:
         emb, slots = table.optimizer.apply(part.emb, part.slots, grad, step)
         seen = part.count + part.counts
-        last = tf.fill(tf.shape(seen), step32)
+        last = tf.fill(tf.shape(seen), tf.cast(step, tf.int32))  # cast here: no round trip
         rows = table.layout.pack(emb, slots, seen, last)
         if part.new_unadmitted is None:
             table.rows.insert_shard(shard, part.keys, rows)
@@ -565,6 +594,11 @@ class EmbeddingEngine(tf.Module):
                     "physical_table": table.spec.name,
                 }
         return stats
+
+
+def _part_size(keys: tf.Tensor, position: tf.Tensor | None) -> tf.Tensor:
+    """Rows of a shard's part of `keys` (all of them when there is one shard)."""
+    return tf.size(keys if position is None else position)
 
 
 def _refreshed(part: ShardRows, written: Written) -> ShardRows:

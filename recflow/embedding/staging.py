@@ -79,7 +79,8 @@ class Staging:
                         write = tf.raw_ops.AssignVariableOp(resource=handle, value=_pack(part))
                         with tf.control_dependencies([write]):
                             staged.append(tf.shape(_read(handle, width))[0])
-        return tf.add_n(staged)
+        with tf.device(self.placement.device(0)):  # one scalar leaves the PS tasks
+            return tf.add_n(staged)
 
     def read(self, slot: tf.Tensor, after: tf.Tensor) -> list[list]:
         """The rows staged in `slot`, per table and shard (`row_type`), read on each

@@ -119,6 +119,21 @@ class LocalRunner:
         return examples
 
 
+def _fill(total: int, capacities: list[int]) -> list[int]:
+    """`total` shared out as evenly as `capacities` allow (all of them if they hold less)."""
+    takes = [0] * len(capacities)
+    left = total
+    while left > 0:
+        open_ = [i for i, c in enumerate(capacities) if takes[i] < c]
+        if not open_:
+            break
+        for i, share in zip(open_, _shares(left, len(open_))):
+            add = min(share, capacities[i] - takes[i])
+            takes[i] += add
+            left -= add
+    return takes
+
+
 def _shares(total: int, parts: int) -> list[int]:
     """`total` cut into `parts` near-equal whole shares, larger first."""
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
@@ -244,25 +259,25 @@ class PSRunner:
     def _plan(self, order, positions, step, boundary, target) -> list:
         """The chunks `(split, batches)` of the next wave.
 
-        Synthetic splits (lengths known): as many chunks as fill the steps up to the next
-        boundary exactly, in split order; the coordinator queues them for free workers.
-        Files: one chunk per worker, each to the end of its file, the `train.steps` target
-        shared out.
+        Synthetic splits (lengths known): chunks that fill the steps up to the next
+        boundary exactly, shared out evenly over the first unfinished splits in order, at
+        least one per worker when there are enough (so every worker trains in every
+        wave); with no boundary, every split to its end. The coordinator queues chunks
+        for free workers. Files: one chunk per worker, each to the end of its file, the
+        `train.steps` target shared out.
         """
         splits_lib = self.splits_lib
         if self.splits[order[0]].seekable:
-            plan, left = [], None if boundary is None else boundary - step
-            for i in order:
-                split = self.splits[i]
-                take = self._batches(split) - positions[i]
-                take = take if left is None else min(take, left)
-                if take > 0:
-                    plan.append((split, take))
-                if left is not None:
-                    left -= take
-                    if left <= 0:
-                        break
-            return plan
+            splits = [self.splits[i] for i in order]
+            remaining = [self._batches(s) - positions[s.index] for s in splits]
+            if boundary is None:
+                return [(s, n) for s, n in zip(splits, remaining) if n > 0]
+            left = boundary - step
+            used = min(self.workers, len(splits))
+            while used < len(splits) and sum(remaining[:used]) < left:
+                used += 1
+            takes = _fill(left, remaining[:used])
+            return [(s, n) for s, n in zip(splits, takes) if n > 0]
         wave = [self.splits[i] for i in order[: self.workers]]
         counts = (
             [splits_lib.UNLIMITED] * len(wave)
