@@ -604,16 +604,11 @@ def _part_size(keys: tf.Tensor, position: tf.Tensor | None) -> tf.Tensor:
 def _refreshed(part: ShardRows, written: Written) -> ShardRows:
     """`part` with the rows and counters `written` holds for the keys they share."""
     n = tf.size(written.keys)
-    order = tf.argsort(written.keys)
-    sorted_keys = tf.gather(written.keys, order)
-    position = tf.searchsorted(sorted_keys, part.keys)  # in [0, n]
-    # One padding entry at n, never a match: no gather runs out of range.
-    padded_keys = tf.concat([sorted_keys, tf.zeros([1], tf.int64)], 0)
-    valid = tf.concat([tf.ones([n], tf.bool), tf.zeros([1], tf.bool)], 0)
-    match = tf.logical_and(
-        tf.gather(valid, position), tf.equal(tf.gather(padded_keys, position), part.keys)
-    )
-    source = tf.gather(tf.concat([order, [n]], 0), position)
+    # The written keys are distinct and come first, so they take ids 0..n-1 in order;
+    # a key of `part` that was written gets its position there, any other an id >= n.
+    _, ids = tf.unique(tf.concat([written.keys, part.keys], 0))
+    source = tf.minimum(ids[n:], n)  # n: one padding entry, never a match
+    match = source < n
     written_row = tf.logical_and(
         match, tf.gather(tf.concat([written.trainable, [False]], 0), source)
     )

@@ -67,18 +67,21 @@ class Staging:
         """Stages `fetched` (a batch's `Fetched` per table) in `slot`, on each shard's
         device, once `after` is done; returns the token `read` waits for.
 
-        The token (int32 scalar, the keys staged) is computed from what is read back
-        after the writes: a data dependency, which no graph rewrite drops.
+        The token (int32 scalar, the keys staged) is the staged matrices' row counts,
+        taken after the writes: not a constant, which a graph rewrite could fold with
+        its control dependencies.
         """
         staged = []
         with tf.control_dependencies([] if after is None else [after]):
-            for table, width, f in zip(self._variables, self.widths, fetched):
+            for table, f in zip(self._variables, fetched):
                 for i, (variables, part) in enumerate(zip(table, f.shards)):
                     with tf.device(self.placement.device(i)):
-                        handle = _handle(variables, slot)
-                        write = tf.raw_ops.AssignVariableOp(resource=handle, value=_pack(part))
+                        packed = _pack(part)
+                        write = tf.raw_ops.AssignVariableOp(
+                            resource=_handle(variables, slot), value=packed
+                        )
                         with tf.control_dependencies([write]):
-                            staged.append(tf.shape(_read(handle, width))[0])
+                            staged.append(tf.shape(packed)[0])
         with tf.device(self.placement.device(0)):  # one scalar leaves the PS tasks
             return tf.add_n(staged)
 
