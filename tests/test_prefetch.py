@@ -189,7 +189,9 @@ def test_refresh_is_what_makes_it_exact():
         assert not np.array_equal(s.rows.numpy(), f.rows.numpy())
 
 
-def test_chunk_skips_batches_without_rows():
+@pytest.mark.parametrize("prefetch", [True, False])
+@pytest.mark.parametrize("where", [0, 1, 3])  # first, middle, last batch
+def test_chunk_skips_batches_without_rows(prefetch, where):
     config = make_config(1)
     data = batches(seed=5)[:3]
     features, labels, _ = data[1]
@@ -198,9 +200,18 @@ def test_chunk_skips_batches_without_rows():
         {"click": labels["click"][:0]},
         tf.constant(7, tf.int64),  # a batch whose rows were all bad
     )
-    _, (result,) = train_chunks(config, [data[0], empty, data[2]], [3], 1, prefetch=True)
-    assert (int(result.read), int(result.steps), int(result.rows)) == (3, 2, 2 * BATCH)
-    assert int(result.bad) == 7 and bool(result.finite) and np.isfinite(float(result.loss))
+    chunk = data[:where] + [empty] + data[where:]
+    model, (result,) = train_chunks(config, chunk, [4], 1, prefetch=prefetch)
+    assert (int(result.read), int(result.steps), int(result.rows)) == (4, 3, 3 * BATCH)
+    assert int(result.bad) == 7 and int(model.bad_records) == 7
+    # The same tables and weights as the three batches with rows, trained step by step.
+    expected, _ = train_sequential(config, data, 1)
+    (want_tables, want_dense), (got_tables, got_dense) = snapshot(expected), snapshot(model)
+    for name, (keys, values) in want_tables.items():
+        np.testing.assert_array_equal(got_tables[name][0], keys, err_msg=name)
+        np.testing.assert_allclose(got_tables[name][1], values, rtol=1e-5, atol=1e-6, err_msg=name)
+    for want, have in zip(want_dense, got_dense):
+        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
 
 
 def test_staging_slots_are_not_model_state(tmp_path):

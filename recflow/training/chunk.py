@@ -1,7 +1,10 @@
 """A chunk of training steps in one traced loop, as a parameter-server worker runs it.
 
 `train_chunk` trains every batch of an iterator (a split's chunk) inside one
-`tf.while_loop`, so one `ClusterCoordinator` closure carries many steps.
+`tf.while_loop`, so one `ClusterCoordinator` closure carries many steps. A batch
+whose every row was bad is counted and passed over on the worker while the next
+batch is fetched: the loop has no branch, so no step sends the parameter servers
+the inputs of a branch not taken (TF's runtime still sends those, as dead tensors).
 
 With `prefetch` (`train.prefetch_embeddings`) a step also looks up the next
 batch's rows, on the parameter servers while it computes its own, and leaves
@@ -75,62 +78,89 @@ def train_chunk(
 
         return tf.cond(element.has_value(), read, engine.empty_batch_keys)
 
-    def body(read, steps, rows, bad, nonfinite, truncated, loss, finite, element, carried):
+    def rows_of(batch):
+        return tf.shape(batch[1][label], out_type=tf.int64)[0]
+
+    def next_with_rows(counts):
+        """The next batch with rows (an Optional), and `counts` plus the batches without
+        rows it passed (every row of those was bad: no step), all on the worker.
+
+        `counts`: batches read, bad rows, missing numeric values, rows cut, and the bad
+        rows of batches passed (for `model.bad_records`; a step counts its own).
+        """
+
+        def empty(element, *_):
+            no_rows = lambda: tf.equal(rows_of(element.get_value()), 0)  # noqa: E731
+            return tf.cond(element.has_value(), no_rows, lambda: tf.constant(False))
+
+        def skip(element, read, bad, nonfinite, truncated, passed_bad):
+            features, _, batch_bad = element.get_value()
+            return (
+                iterator.get_next_as_optional(),
+                read + 1,
+                bad + batch_bad,
+                nonfinite + features[NONFINITE],
+                truncated + features[TRUNCATED],
+                passed_bad + batch_bad,
+            )
+
+        initial = (iterator.get_next_as_optional(), *counts)
+        invariants = tf.nest.map_structure(_any_size, initial)
+        element, *counts = tf.while_loop(empty, skip, initial, shape_invariants=invariants)
+        return element, tuple(counts)
+
+    def body(steps, rows, loss, finite, element, counts, carried):
         batch = element.get_value()
-        features, labels, batch_bad = batch
-        size = tf.shape(labels[label], out_type=tf.int64)[0]
-        following = iterator.get_next_as_optional()
+        features, _, batch_bad = batch
+        size = rows_of(batch)
+        read, bad, nonfinite, truncated, passed_bad = counts
+        counts = (
+            read + 1,
+            bad + batch_bad,
+            nonfinite + features[NONFINITE],
+            truncated + features[TRUNCATED],
+            passed_bad,
+        )
+        following, counts = next_with_rows(counts)
         ahead = None
         if prefetch:
             staged, keys = carried
             ahead = Prefetch(slot, keys, keys_of(following), staged)
-
-        def train():
-            step_loss, token = step(batch, ahead)
-            step_loss = tf.reshape(tf.cast(step_loss, tf.float32), [])
-            if applied is not None:
-                with tf.control_dependencies([step_loss]):
-                    counted = applied.assign_add(size)
-                with tf.control_dependencies([counted]):
-                    step_loss = tf.identity(step_loss)
-            return (steps + 1, step_loss, *([token] if prefetch else []))
-
-        def skip():  # every row of the batch was bad: no step
-            with tf.control_dependencies([model.bad_records.assign_add(batch_bad)]):
-                if not prefetch:
-                    return tf.identity(steps), tf.identity(loss)
-                # The next batch's rows go to the slot with no step in between.
-                token = engine.stage(slot, engine.lookup(ahead.following), after=ahead.staged)
-                return tf.identity(steps), tf.identity(loss), token
-
-        new_steps, new_loss, *token = tf.cond(size > 0, train, skip)
+        step_loss, token = step(batch, ahead)
+        step_loss = tf.reshape(tf.cast(step_loss, tf.float32), [])
+        if applied is not None:
+            with tf.control_dependencies([step_loss]):
+                counted = applied.assign_add(size)
+            with tf.control_dependencies([counted]):
+                step_loss = tf.identity(step_loss)
         return (
-            read + 1,
-            new_steps,
+            steps + 1,
             rows + size,
-            bad + batch_bad,
-            nonfinite + features[NONFINITE],
-            truncated + features[TRUNCATED],
-            new_loss,
-            tf.math.is_finite(new_loss),
+            step_loss,
+            tf.math.is_finite(step_loss),
             following,
-            (token[0], ahead.following) if prefetch else (),
+            counts,
+            (token, ahead.following) if prefetch else (),
         )
 
-    def more(*state):
-        element, finite = state[8], state[7]
+    def more(steps, rows, loss, finite, element, counts, carried):
         return tf.logical_and(element.has_value(), finite)
 
     zero = tf.constant(0, tf.int64)
-    first = iterator.get_next_as_optional()
+    first, counts = next_with_rows((zero,) * 5)
     carried = ()
     if prefetch:
         keys = keys_of(first)
         carried = (engine.stage(slot, engine.lookup(keys)), keys)
-    initial = (zero,) * 6 + (tf.constant(0.0), tf.constant(True), first, carried)
+    initial = (zero, zero, tf.constant(0.0), tf.constant(True), first, counts, carried)
     invariants = tf.nest.map_structure(_any_size, initial)
-    out = tf.while_loop(more, body, initial, shape_invariants=invariants)
-    return ChunkResult(*out[:8])
+    steps, rows, loss, finite, _, counts, _ = tf.while_loop(
+        more, body, initial, shape_invariants=invariants
+    )
+    read, bad, nonfinite, truncated, passed_bad = counts
+    with tf.control_dependencies([model.bad_records.assign_add(passed_bad)]):
+        read = tf.identity(read)
+    return ChunkResult(read, steps, rows, bad, nonfinite, truncated, loss, finite)
 
 
 def _any_size(value):
