@@ -196,10 +196,11 @@ def test_parse_traced_once_serves_other_files_and_names_them(tmp_path, monkeypat
     assert traced == ["parse", "fn"]  # two other files: the same traces
 
 
-def test_pipelines_run_without_autotuning_or_graph_rewrites(tmp_path):
-    """Model-based autotuning's optimizer thread stalled the end of an iterator, and the
-    static rewrites re-serialize the dataset graph at every iterator start (see
-    `pipeline.options`): both off in the training, evaluation and raw pipelines alike."""
+def test_pipelines_run_without_model_based_autotuning(tmp_path):
+    """Its optimizer thread stalled the end of an iterator (see `pipeline.options`): off in
+    the training, evaluation and raw pipelines alike. The static rewrites stay on there (a
+    checkpoint's input position names the rewritten graph's nodes); only pipelines that are
+    never checkpointed (a PS chunk's) go `without_rewrites`."""
     trainer = Trainer(small_config(tmp_path), verbose=0)
     for ds in (
         trainer.epoch_dataset(0),
@@ -207,4 +208,7 @@ def test_pipelines_run_without_autotuning_or_graph_rewrites(tmp_path):
         pipeline.make_dataset(trainer.config, "train", epochs=1),
     ):
         assert ds.options().autotune.enabled is False
-        assert ds.options().experimental_optimization.apply_default_optimizations is False
+        assert ds.options().experimental_optimization.apply_default_optimizations is not False
+        chunk = pipeline.without_rewrites(ds)
+        assert chunk.options().experimental_optimization.apply_default_optimizations is False
+        assert chunk.options().autotune.enabled is False

@@ -243,23 +243,34 @@ def finish(
 
 
 def options() -> tf.data.Options:
-    """recflow's pipeline options: no model-based autotuning, no static graph rewrites.
+    """recflow's pipeline options: no model-based autotuning.
 
-    The autotuning optimizer thread made the end of an iterator wait for it: about a
-    second, in roughly half of the runs, at the end of each training pass and of each
-    evaluation (measured on 2 cores), the step time being the same without it.
-    `AUTOTUNE` maps then run up to one call per core, and `AUTOTUNE` prefetch buffers
-    still grow while their consumer waits. The default rewrites (map fusion and
-    parallelization, injected prefetch, ...) find nothing to do in recflow's pipelines,
-    which already batch first, map in parallel and prefetch, yet each iterator start
-    paid for them: the dataset graph (with a synthetic set's captured columns)
-    serialized, rewritten and rebuilt, 107 -> 72 ms per iterator on the demo chunk, which
-    a parameter-server worker pays at every chunk.
+    Its optimizer thread made the end of an iterator wait for it: about a second, in
+    roughly half of the runs, at the end of each training pass and of each evaluation
+    (measured on 2 cores), the step time being the same without it. `AUTOTUNE` maps
+    then run up to one call per core, and `AUTOTUNE` prefetch buffers still grow while
+    their consumer waits. (tf.data's static graph rewrites stay on here: a checkpoint's
+    input position names the rewritten graph's nodes, so turning them off would make
+    the checkpoints of earlier versions unreadable; see `without_rewrites`.)
     """
     options = tf.data.Options()
     options.autotune.enabled = False
-    options.experimental_optimization.apply_default_optimizations = False
     return options
+
+
+def without_rewrites(ds: tf.data.Dataset) -> tf.data.Dataset:
+    """`ds` without tf.data's static graph rewrites, for pipelines that are never
+    checkpointed (a parameter-server chunk's: its split state is).
+
+    The default rewrites (map fusion and parallelization, injected prefetch, ...) find
+    nothing to do in recflow's pipelines, which already batch first, map in parallel
+    and prefetch, yet each iterator start pays for them: the dataset graph (with a
+    synthetic set's captured columns) is serialized, rewritten and rebuilt, 107 -> 72
+    ms per iterator on the demo chunk, which a PS worker pays at every chunk.
+    """
+    no_rewrites = tf.data.Options()
+    no_rewrites.experimental_optimization.apply_default_optimizations = False
+    return ds.with_options(no_rewrites)
 
 
 _TRACED: dict = {}  # key -> (graph_def, input names, output names, output structure) or _CAPTURES

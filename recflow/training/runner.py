@@ -22,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
+from recflow.data import pipeline
 from recflow.data.pipeline import NONFINITE, TRUNCATED
 from recflow.errors import DataError
 from recflow.training.chunk import train_chunk
@@ -216,7 +217,7 @@ class PSRunner:
                 ds = self.synthetic.dataset(start, stop, seed, first, count)
             else:
                 ds = splits_lib.file_chunk_dataset(config, split.file, epoch, first, count)
-            return trainer._transformed(ds)
+            return pipeline.without_rewrites(trainer._transformed(ds))
 
         def chunk(start, stop, seed, first, count, slot):
             iterator = iter(dataset(start, stop, seed, first, count))
