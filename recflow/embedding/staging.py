@@ -44,7 +44,6 @@ class Staging:
         self.row_type = row_type
         self.widths = widths
         self.placement = placement
-        self.slots = slots
         self._variables = []  # [table][shard] -> one variable per slot
         for t, width in enumerate(widths):
             shards = []

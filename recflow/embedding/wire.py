@@ -24,9 +24,9 @@ def send_ints(parts: list[tf.Tensor], device: str) -> list[tf.Tensor]:
         return [tf.cast(piece, p.dtype) for piece, p in zip(pieces, parts)]
 
 
-def pack(matrices: list[tf.Tensor]) -> tf.Tensor:
-    """float32 matrices as one vector (call it on the sending device)."""
-    return tf.concat([tf.reshape(m, [-1]) for m in matrices], 0)
+def pack(tensors: list[tf.Tensor]) -> tf.Tensor:
+    """float32 tensors (of any shape) as one vector (call it on the sending device)."""
+    return tf.concat([tf.reshape(t, [-1]) for t in tensors], 0)
 
 
 def unpack(flat: tf.Tensor, rows: list[tf.Tensor], widths: list[int]) -> list[tf.Tensor]:

@@ -21,6 +21,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recflow.config.schema import Config
+from recflow.embedding import wire
 from recflow.embedding.engine import EmbeddingEngine
 from recflow.embedding.placement import Placement
 from recflow.features.transform import transform
@@ -226,7 +227,7 @@ def _pack(grads: list) -> Callable[[], list]:
     ]
     if len(dense) < 2 or any(not grads[i].shape.is_fully_defined() for i in dense):
         return lambda: list(grads)
-    flat = tf.concat([tf.reshape(grads[i], [-1]) for i in dense], 0)
+    flat = wire.pack([grads[i] for i in dense])
     sizes = [grads[i].shape.num_elements() for i in dense]
 
     def unpack():
