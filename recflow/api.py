@@ -60,12 +60,18 @@ def _override_items(overrides) -> list[str]:
     return list(overrides)
 
 
-def make_trainer(config: Config, verbose: int = 0, callbacks=None):
+def make_trainer(config: Config, verbose: int = 0, callbacks=None, warm_start: str | None = None):
     """The trainer of a config: a `Trainer`, or a `PSTrainer` on the chief of a PS cluster.
 
     A PS or worker task (from TF_CONFIG) serves until it is stopped and then exits.
+    `warm_start`: see `train`.
     """
     if config.distribute.strategy == "parameter_server":
+        if warm_start:
+            raise RecflowError(
+                "--warm-start: not supported under distribute.strategy parameter_server yet "
+                "(warm-start a local model dir; resharding it onto parameter servers is not built)"
+            )
         from recflow.distribute.cluster import read_tf_config, serve
 
         role = read_tf_config()
@@ -77,7 +83,7 @@ def make_trainer(config: Config, verbose: int = 0, callbacks=None):
         return PSTrainer(config, role, verbose=verbose, callbacks=callbacks)
     from recflow.training.trainer import Trainer
 
-    return Trainer(config, verbose=verbose, callbacks=callbacks)
+    return Trainer(config, verbose=verbose, callbacks=callbacks, warm_start=warm_start)
 
 
 def is_chief(config: Config) -> bool:
@@ -111,7 +117,14 @@ def _checked(config_or_path, model_dir, overrides) -> Config:
     return config
 
 
-def train(config_or_path, model_dir: str | None = None, callbacks=None, overrides=None, verbose: int = 0) -> dict:
+def train(
+    config_or_path,
+    model_dir: str | None = None,
+    callbacks=None,
+    overrides=None,
+    verbose: int = 0,
+    warm_start: str | None = None,
+) -> dict:
     """Trains (resuming from the model dir's latest checkpoint), evaluates and exports.
 
     Args:
@@ -121,20 +134,21 @@ def train(config_or_path, model_dir: str | None = None, callbacks=None, override
             step (`on_train_batch_end(global_step, logs)`, `on_epoch_end`, ...); one
             may stop training with `self.model.stop_training = True`. SIGTERM and
             SIGINT (Ctrl-C, a notebook's interrupt) stop training after the current
-            step with a final checkpoint (`StopOnSignal`).
+            step with a final checkpoint; the result then holds `interrupted` (the
+            signal's name) and no metrics: rerun to resume and finish.
         overrides: config overrides (see `load`).
         verbose: 1 shows a progress bar.
+        warm_start: a model dir to start a new one from: its rows and dense weights
+            wherever they still fit (same table and dim, same variable shapes); see
+            `recflow.training.warm_start`. Ignored once the model dir has a checkpoint.
 
     Returns:
         The metrics written to `MODEL_DIR/metrics.json` (or `already_done: True`
         when the model dir's run is complete).
     """
-    from recflow.training.callbacks import StopOnSignal
-
     config = _checked(config_or_path, model_dir, overrides)
     with writer(config, "train"):
-        trainer = make_trainer(config, verbose, [StopOnSignal(), *(callbacks or [])])
-        return trainer.run()
+        return make_trainer(config, verbose, callbacks, warm_start).run()
 
 
 def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> dict:

@@ -93,7 +93,8 @@ def test_demo_config_loads():
     assert config.data.format == "synthetic"
     assert config.data.label == ("click",)
     assert config.model.type == "deepfm"
-    assert [f.name for f in config.features][:2] == ["user_id", "item_id"]
+    # features come out sorted by name: the order of the lines decides nothing
+    assert [f.name for f in config.features][:2] == ["age", "category"]
     # every logical table in use resolves to a table config
     for name in config.table_names():
         assert config.table(name).dim > 0
@@ -101,25 +102,27 @@ def test_demo_config_loads():
 
 def test_base_config_kinds_and_values(tmp_path):
     config = load_config(write(tmp_path, base_raw()))
-    kinds = [type(f) for f in config.features]
-    assert kinds == [
-        CategoricalFeature,
-        CategoricalFeature,
-        CategoricalFeature,
-        MultiHotFeature,
-        SequenceFeature,
-        NumericFeature,
-        NumericFeature,
-        NumericFeature,
-    ]
+    kinds = {f.name: type(f) for f in config.features}
+    assert kinds == {
+        "user_id": CategoricalFeature,
+        "item_id": CategoricalFeature,
+        "category": CategoricalFeature,
+        "tags": MultiHotFeature,
+        "hist_items": SequenceFeature,
+        "price": NumericFeature,
+        "age": NumericFeature,
+        "hour": NumericFeature,
+    }
+    # sorted by name, whatever the order of the lines
+    assert [f.name for f in config.features] == sorted(kinds)
     assert config.data.train == ("data/train/*.csv",)  # a scalar stands for a one-element list
-    assert config.features[7].normalizer.boundaries == (6.0, 12.0, 18.0)
-    assert config.features[4].max_len == 10
+    assert config.feature("hour").normalizer.boundaries == (6.0, 12.0, 18.0)
+    assert config.feature("hist_items").max_len == 10
     assert config.tables["item"].admission.min_count == 2
     assert config.tables["item"].eviction.ttl_steps == 1000
-    assert config.sparse_features == config.features[:5]
-    assert config.numeric_features == config.features[5:]
-    assert config.table_names() == ("user", "item", "category", "tags")
+    assert [f.name for f in config.sparse_features] == ["category", "hist_items", "item_id", "tags", "user_id"]
+    assert [f.name for f in config.numeric_features] == ["age", "hour", "price"]
+    assert config.table_names() == ("category", "item", "tags", "user")
 
 
 def test_defaults_applied(tmp_path):
@@ -136,9 +139,9 @@ def test_defaults_applied(tmp_path):
     assert config.distribute.strategy == "local"
     assert config.export.every_steps is None
     assert config.train.checkpoint_every_steps == 1000
-    assert config.features[3].dtype == "string"
-    assert config.features[3].separator == "|"
-    assert config.features[5].default is None  # missing -> neutral (see transform.normalize)
+    assert config.feature("tags").dtype == "string"
+    assert config.feature("tags").separator == "|"
+    assert config.feature("price").default is None  # missing -> neutral (see transform.normalize)
     assert config.task.metric_names("binary") == ("auc", "logloss")
     # an implicit table takes its dim from the feature, or embedding.default_dim
     assert "category" not in config.tables
@@ -621,7 +624,7 @@ def test_set_list_item_by_index_and_name(tmp_path):
             "features.hour.normalizer.boundaries=[1, 2]",
         ],
     )
-    assert config.features[2].dim == 32
+    assert config.feature("category").dim == 32  # features.2 is the file's third line
     assert config.feature("price").default == 1.5
     assert config.feature("hour").normalizer.boundaries == (1.0, 2.0)
 

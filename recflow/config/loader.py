@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -181,10 +182,15 @@ def load_config(path: str, overrides: Iterable[str] = ()) -> Config:
 
 
 def config_from_dict(raw: dict) -> Config:
-    """Converts and cross-checks a raw mapping."""
+    """Converts and cross-checks a raw mapping.
+
+    The features come out sorted by name: the order of the config's lines then
+    decides nothing (table slots, the fusion plan and the tower's inputs all follow
+    this order), so reordering them cannot scramble a trained model.
+    """
     config = from_dict(Config, raw)
     check_references(config)
-    return config
+    return dataclasses.replace(config, features=tuple(sorted(config.features, key=lambda f: f.name)))
 
 
 def check_references(config: Config) -> None:
