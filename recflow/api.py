@@ -23,7 +23,7 @@ from recflow.config.schema import Config
 from recflow.errors import RecflowError
 
 
-def load(config_or_path, model_dir: str | None = None, overrides=None) -> Config:
+def load(config_or_path, model_dir: str | None = None, overrides=None, needs_data: bool = True) -> Config:
     """A validated config from a YAML path or a `Config`, with overrides and the model dir.
 
     Args:
@@ -31,6 +31,8 @@ def load(config_or_path, model_dir: str | None = None, overrides=None) -> Config
         model_dir: overrides `train.model_dir`.
         overrides: `{"train.steps": 100}` or `["train.steps=100"]` (values as YAML,
             like `--set`).
+        needs_data: whether what follows reads data (False for export: then
+            `data.train` may be left out).
 
     Raises:
         RecflowError: a bad config or override, naming the offending path.
@@ -44,7 +46,7 @@ def load(config_or_path, model_dir: str | None = None, overrides=None) -> Config
     if isinstance(config_or_path, Config):
         return config_from_dict(apply_overrides(to_dict(config_or_path), items))
     if isinstance(config_or_path, (str, os.PathLike)):
-        return load_config(os.fspath(config_or_path), items)
+        return load_config(os.fspath(config_or_path), items, needs_data=needs_data)
     raise RecflowError(
         f"expected a config file path or a recflow.Config, got {type(config_or_path).__name__}"
     )
@@ -109,11 +111,13 @@ def writer(config: Config, command: str):
         yield
 
 
-def _checked(config_or_path, model_dir, overrides) -> Config:
+def _checked(config_or_path, model_dir, overrides, reads_data: bool = True) -> Config:
+    """The config, with its data sources checked when the command reads them."""
     from recflow.data import check_sources
 
-    config = load(config_or_path, model_dir, overrides)
-    check_sources(config)
+    config = load(config_or_path, model_dir, overrides, needs_data=reads_data)
+    if reads_data:
+        check_sources(config)
     return config
 
 
@@ -189,7 +193,7 @@ def export(config_or_path, model_dir: str | None = None, overrides=None, delta: 
 @contextmanager
 def _restored(config_or_path, model_dir, overrides, command: str):
     """A trainer on the model dir's latest checkpoint, holding its writer lock for `command`."""
-    config = _checked(config_or_path, model_dir, overrides)
+    config = _checked(config_or_path, model_dir, overrides, reads_data=command != "export")
     with writer(config, command):
         trainer = make_trainer(config)
         require_checkpoint(trainer)

@@ -129,7 +129,8 @@ def _load(args, check_data: bool = True):
     overrides = list(args.set)
     if args.model_dir:
         overrides.append(f"train.model_dir={json.dumps(args.model_dir)}")
-    config = load_config(args.config, overrides)
+    # plan and export read no data: data.train may be left out
+    config = load_config(args.config, overrides, needs_data=args.command not in ("plan", "export"))
     _context["model_dir"] = config.train.model_dir
     if check_data:
         check_sources(config)
@@ -244,7 +245,7 @@ def cmd_evaluate(args) -> int:
 def cmd_export(args) -> int:
     from recflow.api import export
 
-    config = _load(args)
+    config = _load(args, check_data=False)
     print(export(config, delta=args.delta))
     return 0
 
@@ -259,7 +260,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    config = _load(args)  # before the import below, which loads TensorFlow
+    config = _load(args, check_data=False)  # before the import below, which loads TensorFlow
     if args.ps < 1 or args.keys < 1:
         raise RecflowError("plan: --ps and --keys must be positive integers")
     from recflow.embedding.report import format_plan

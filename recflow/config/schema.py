@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from recflow.config.limits import SEED_MAX
 from recflow.errors import ConfigError
 
 
@@ -20,6 +21,12 @@ def _positive(obj: Any, name: str, allow_none: bool = False) -> None:
     if value is None or value <= 0:
         kind = "integer" if isinstance(value, int) else "number"
         raise ConfigError(name, f"expected a positive {kind}, got {value!r}")
+
+
+def _seed(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    if not 0 <= value <= SEED_MAX:
+        raise ConfigError(name, f"expected an integer in [0, 2**32 - 1], got {value}")
 
 
 def _non_negative(obj: Any, name: str) -> None:
@@ -54,6 +61,7 @@ class SyntheticOptions:
     def validate(self) -> None:
         _positive(self, "rows")
         _positive(self, "eval_rows")
+        _seed(self, "seed")
 
 
 @dataclass(frozen=True)
@@ -80,10 +88,7 @@ class DataConfig:
         _positive(self, "batch_size")
         _positive(self, "shuffle_buffer")
         _positive(self, "sample_rows")
-        if self.format != "synthetic" and not self.train:
-            raise ConfigError(
-                "train", f"required for format {self.format!r} (in the file or --set data.train=PATH)"
-            )
+        _seed(self, "seed")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(
                 "max_bad_fraction", f"expected a number in [0, 1], got {self.max_bad_fraction}"
@@ -486,6 +491,7 @@ class TrainConfig:
         _positive(self, "checkpoint_every_steps", allow_none=True)
         _positive(self, "keep_checkpoints")
         _positive(self, "log_every_steps")
+        _seed(self, "seed")
         if self.epochs is not None and self.steps is not None:
             raise ConfigError("steps", "set either epochs or steps, not both")
         if not self.model_dir:
