@@ -39,7 +39,8 @@ def test_counts_per_feature_and_label(tmp_path):
     report = check(config_from_dict(raw))
     assert report["rows_read"] == 6 and report["bad_rows"] == 2
     assert report["first_bad"] == f"{path}: line 5: column 'user': expected an integer, got 'x'"
-    user, tags, price = report["features"]
+    by_name = {f["feature"]: f for f in report["features"]}
+    user, tags, price = by_name["user"], by_name["tags"], by_name["price"]
     assert user["parse_failures"] == 2 and user["distinct"] == 5  # 1, 2, x, 999.., 3
     assert tags["empty_rate"] == round(1 / 6, 4) and tags["rows_over_max_values"] == 1
     assert tags["distinct"] == 3  # the ids of a multi_hot column: a, b, c

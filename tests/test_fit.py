@@ -31,6 +31,10 @@ def test_constant_or_empty_sample_keeps_std_one():
     assert fit_normalizer(np.array([np.nan])) == StandardNormalizer(mean=0.0, std=1.0)
 
 
+def _feature(config, name):
+    return next(f for f in config.features if f.name == name)
+
+
 def _config(tmp_path, rows, normalizer):
     path = tmp_path / "d.csv"
     path.write_text("\n".join(["u,price,click", *rows]) + "\n", encoding="utf-8")
@@ -49,18 +53,20 @@ def test_auto_is_fitted_on_the_first_sample_rows_and_reused_from_the_model_dir(t
     config = _config(tmp_path, rows, {"type": "auto"})
     resolved, warnings = resolve(config, str(tmp_path / "run"))
     x = np.array([1.0, 2.0, 6.0])
-    assert resolved.features[1].normalizer == StandardNormalizer(mean=x.mean(), std=x.std())
+    assert _feature(resolved, "price").normalizer == StandardNormalizer(mean=x.mean(), std=x.std())
     assert warnings == []
     # a resumed run reads the fitted numbers back instead of fitting again
     (tmp_path / "run").mkdir()
     saved = StandardNormalizer(mean=7.0, std=3.0, log1p=True)
-    features = (config.features[0], resolved.features[1].__class__(name="price", normalizer=saved))
+    price = _feature(resolved, "price")
+    features = tuple(price.__class__(name="price", normalizer=saved) if f.name == "price" else f
+                     for f in config.features)
     dump_config(resolved.__class__(**{**resolved.__dict__, "features": features}),
                 str(tmp_path / "run" / "config.yaml"))
     again, _ = resolve(config, str(tmp_path / "run"))
-    assert again.features[1].normalizer == saved
+    assert _feature(again, "price").normalizer == saved
     stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
-    assert stored["features"][1]["normalizer"] == {"type": "standard", "mean": 7.0, "std": 3.0, "log1p": True}
+    assert next(f for f in stored["features"] if f["name"] == "price")["normalizer"] == {"type": "standard", "mean": 7.0, "std": 3.0, "log1p": True}
 
 
 def test_large_raw_numbers_without_a_normalizer_warn_once(tmp_path):

@@ -146,5 +146,8 @@ def test_trainer_reports_gauc(tmp_path):
     )
     labels, users = np.asarray(columns["label"]), np.asarray(columns["user_id"])
     assert predictions.shape == labels.shape
-    assert result["gauc"] == pytest.approx(brute_gauc(labels, predictions, users), abs=2e-6)
+    # The evaluator predicts in batches of 16384 and this loop in batches of 256: the float32
+    # outputs differ in their last bits, which flips a few near-tied pairs (measured 1.2e-5).
+    # The metric itself is checked exactly against brute force above.
+    assert result["gauc"] == pytest.approx(brute_gauc(labels, predictions, users), abs=1e-4)
     assert result["auc"] == pytest.approx(metrics.auc(labels, predictions), abs=2e-6)
