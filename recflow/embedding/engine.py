@@ -2,7 +2,7 @@
 
 A training step, per physical table (the logical tables fused into it):
 
-    ids of every feature -> encode(slot) -> concat -> unique -> partition by shard
+    ids of every feature -> concat -> (slot, mixed id) -> unique -> partition by shard
       -> one lookup per shard -> stitch -> [U, width] packed rows
     (tape) gather per feature -> pool / pad -> tower -> loss -> d loss / d emb [U, dim]
     sparse optimizer on [emb | slots] -> pack with (count, last_step) -> one insert per shard
@@ -31,11 +31,10 @@ from recflow.features.keys import (
     KEY_FORMAT,
     KEY_WIDTH,
     decode,
-    encode_parts,
     raw_keys,
     slot_of,
     unique,
-    unique_with_counts,
+    unique_ids,
 )
 
 LINEAR_OUTPUT = "/linear"  # tower input `<feature>/linear`: first-order weight [B, 1]
@@ -273,9 +272,11 @@ class EmbeddingEngine(tf.Module):
     def _flat_ids(ids) -> tf.Tensor:
         return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
 
-    def _keys(self, table: _PhysicalTable, ids: dict) -> tf.Tensor:
+    def _unique_keys(self, table: _PhysicalTable, ids: dict):
+        """(distinct table keys [U, 2], position in them of every id [N], counts [U]) of the
+        ids of every use of `table`, concatenated."""
         parts = [self._flat_ids(ids[u.feature.name]) for u in table.uses]
-        return encode_parts(parts, [u.slot for u in table.uses])
+        return unique_ids(parts, [u.slot for u in table.uses])
 
     def _assemble(self, table: _PhysicalTable, emb: tf.Tensor, index: tf.Tensor, ids: dict) -> dict:
         """Gathers each use's rows from the unique embeddings and pools / pads them."""
@@ -318,7 +319,7 @@ class EmbeddingEngine(tf.Module):
         """
         out = {}
         for i, table in enumerate(self.physical_tables):
-            keys, index = unique(self._keys(table, ids), table.one_slot)
+            keys, index, _ = self._unique_keys(table, ids)
             out.update(self._assemble(table, read(i, keys), index, ids))
         return out
 
@@ -337,7 +338,7 @@ class EmbeddingEngine(tf.Module):
         """A batch's unique keys per physical table, with their counts (on this device)."""
         out = []
         for table in self.physical_tables:
-            keys, index, counts = unique_with_counts(self._keys(table, ids), table.one_slot)
+            keys, index, counts = self._unique_keys(table, ids)
             out.append(BatchKeys(keys, index, counts))
         return out
 

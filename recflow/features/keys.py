@@ -15,7 +15,7 @@ impossible since slots are >= 0, mark its empty and deleted buckets.
 
 Mixing spreads small dense ids (0, 1, 2, ...) of every slot over all 64 bits of
 `mixed`, which the shard placement and a shard's segments read (even shards and
-segments), and it lets `unique_with_counts` find a batch's distinct keys with one
+segments), and it lets `unique_ids` find a batch's distinct keys with one
 1-D unique over `mixed` (a 2-D unique is ~10x slower here).
 """
 
@@ -27,7 +27,8 @@ import tensorflow as tf
 KEY_WIDTH = 2  # (slot, mixed id)
 EMPTY_KEY = (-1, -1)
 DELETED_KEY = (-2, -2)
-# Logical tables per physical table: a bound on one fused chain (the slot is a whole int64).
+# Logical tables per physical table: a bound on one fused chain for the planner. The key
+# itself takes any slot in [0, 2**63): it is a whole int64 column.
 MAX_SLOTS = 256
 # Version of the key format, kept in checkpoints. 1: `slot << 55 | id`; 2: a 63-bit mix of
 # that (ids cut to 55 bits); 3: (slot, fmix64(id + slot * GOLDEN)), every int64 id exact.
@@ -84,8 +85,8 @@ def _unmix(mixed: tf.Tensor, slots: tf.Tensor) -> tf.Tensor:
 
 
 def _check_slot(slot: int) -> None:
-    if not 0 <= slot < MAX_SLOTS:
-        raise ValueError(f"slot must be in [0, {MAX_SLOTS}). Received: slot={slot}")
+    if not 0 <= slot < 2**63:
+        raise ValueError(f"slot must be a non-negative int64. Received: slot={slot}")
 
 
 def encode(ids: tf.Tensor, slot: int) -> tf.Tensor:
@@ -95,48 +96,60 @@ def encode(ids: tf.Tensor, slot: int) -> tf.Tensor:
     return tf.stack([slots, _mix(ids, slots)], axis=1)
 
 
-def encode_parts(parts: list[tf.Tensor], slots: list[int]) -> tf.Tensor:
-    """Table keys of several id vectors, `parts[i]` read through logical table `slots[i]`,
-    concatenated: `concat([encode(p, s) for p, s in zip(parts, slots)])` in one mix."""
-    for slot in slots:
-        _check_slot(slot)
-    if len(set(slots)) == 1:
-        return encode(parts[0] if len(parts) == 1 else tf.concat(parts, 0), slots[0])
-    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in parts])
-    column = tf.repeat(tf.constant(slots, tf.int64), sizes)
-    return tf.stack([column, _mix(tf.concat(parts, 0), column)], axis=1)
-
-
 def mixed(keys: tf.Tensor) -> tf.Tensor:
     """The mixed ids [n] of table keys [n, 2]: even over all 64 bits (placement, segments)."""
     return keys[:, 1]
 
 
+def unique_ids(parts: list[tf.Tensor], slots: list[int]):
+    """The distinct table keys of several id vectors, `parts[i]` read through logical table
+    `slots[i]`: `unique_with_counts(concat([encode(p, s) for p, s in zip(parts, slots)]))`,
+    without building the keys of every id (only the distinct ones)."""
+    for slot in slots:
+        _check_slot(slot)
+    ids = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+    if len(set(slots)) == 1:
+        column = tf.constant(slots[0], tf.int64)
+        values, index, counts = tf.unique_with_counts(_mix(ids, column))
+        return tf.stack([tf.fill(tf.shape(values), column), values], axis=1), index, counts
+    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in parts])
+    column = tf.repeat(tf.constant(slots, tf.int64), sizes)
+    return _unique(column, _mix(ids, column))
+
+
 def unique_with_counts(keys: tf.Tensor, one_slot: bool = False):
     """(distinct keys [U, 2], position in them of each key [n] int32, counts [U] int32).
-
-    One 1-D unique over the mixed ids finds the distinct keys: for one slot the
-    mixed id is a bijection of the id, so it is exact. Keys of several slots can
-    share a mixed id (for random ids, two given keys with probability 2**-64), so
-    then every key's slot is compared with its group's; a mismatch (never seen in
-    practice) redoes the unique over whole keys, which is exact and ~10x slower.
 
     Args:
         keys: table keys [n, 2].
         one_slot: every key has the same slot (a physical table of one logical table).
     """
-    values, index, counts = tf.unique_with_counts(mixed(keys))
-    if one_slot:  # U <= n keys, all of one slot
+    if one_slot:  # the mixed id is a bijection of the id: a 1-D unique is exact
+        values, index, counts = tf.unique_with_counts(mixed(keys))
         return tf.stack([keys[: tf.size(values), 0], values], axis=1), index, counts
-    slots = tf.math.unsorted_segment_max(keys[:, 0], index, tf.size(values))
-    fast = (tf.stack([slots, values], axis=1), index, counts)
-    exact = tf.reduce_all(tf.equal(tf.gather(slots, index), keys[:, 0]))
+    return _unique(keys[:, 0], mixed(keys))
+
+
+def _unique(column: tf.Tensor, mixed_ids: tf.Tensor):
+    """`unique_with_counts` of the keys `(column[i], mixed_ids[i])`, slots of several tables.
+
+    One 1-D unique over the mixed ids finds the distinct keys: for one slot the
+    mixed id is a bijection of the id, so it is exact. Keys of several slots can
+    share a mixed id (for random ids, two given keys with probability 2**-64), so
+    every key's slot is compared with its group's; a mismatch (never seen in
+    practice) redoes the unique over whole keys, which is exact and ~10x slower.
+    Either way the distinct keys come in the order of their first occurrence.
+    """
+    values, index, counts = tf.unique_with_counts(mixed_ids)
+    slots = tf.math.unsorted_segment_max(column, index, tf.size(values))
+    exact = tf.reduce_all(tf.equal(tf.gather(slots, index), column))
 
     def whole_keys():
+        keys = tf.stack([column, mixed_ids], axis=1)
         y, idx, count = tf.raw_ops.UniqueWithCountsV2(x=keys, axis=[0])
         return tf.reshape(y, [-1, KEY_WIDTH]), idx, count
 
-    return tf.cond(exact, lambda: fast, whole_keys)
+    return tf.cond(exact, lambda: (tf.stack([slots, values], axis=1), index, counts), whole_keys)
 
 
 def unique(keys: tf.Tensor, one_slot: bool = False):
