@@ -5,9 +5,9 @@ and times, each inside a `tf.function`, warmed up, on batches of
 `--batch` x `--features` ids:
 
     engine_fused     EmbeddingEngine.embed: one fused physical table for all features;
-                     encode slot -> concat -> unique -> DenseHashTable lookup of packed
+                     encode (slot, mixed id) -> concat -> unique -> DenseHashTable lookup of packed
                      rows [emb | optimizer slots | meta] -> slice emb -> gather per feature
-    table_unique     concat -> unique -> ShardedTable.lookup (route to segments, lookup,
+    table_unique     concat -> unique (keys.unique) -> ShardedTable.lookup (route to segments, lookup,
                      stitch) -> gather (the engine's core, without per-feature assembly)
     hash_bare        one DenseHashTable of [dim] rows, lookup of all keys (no unique, no segments)
     variable_gather  tf.gather on a tf.Variable [keys, dim] (a fixed vocabulary, no hashing)
@@ -46,7 +46,7 @@ def parse_args(argv=None):
     p.add_argument("--zipf", type=float, default=1.1, help="Zipf exponent of the ids (default 1.1)")
     p.add_argument(
         "--ids", choices=["hashed", "dense"], default="hashed",
-        help="hashed: random 55-bit ids, as string features get from their fingerprint (default); "
+        help="hashed: random int64 ids, as string features get from their fingerprint (default); "
         "dense: ids 0..vocab-1 of every feature, as small int64 ids (user ids) give",
     )  # fmt: skip
     p.add_argument(
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
 
     from recflow.config import config_from_dict
     from recflow.embedding.engine import EmbeddingEngine
-    from recflow.features.keys import DELETED_KEY, EMPTY_KEY, ID_BITS, encode
+    from recflow.features.keys import DELETED_KEY, EMPTY_KEY, KEY_WIDTH, encode, unique
 
     names = [f"f{i}" for i in range(args.features)]
     vocab = args.keys // args.features
@@ -116,7 +116,7 @@ def main(argv=None) -> int:
 
     # Feature f's row r has id vocab_ids[f, r]: its table key encode(id, slot), Variable row f*vocab+r.
     if args.ids == "hashed":
-        vocab_ids = rng.integers(0, 1 << ID_BITS, (args.features, vocab), dtype=np.int64)
+        vocab_ids = rng.integers(-(2**63), 2**63 - 1, (args.features, vocab), dtype=np.int64)
     else:
         vocab_ids = np.tile(np.arange(vocab, dtype=np.int64), (args.features, 1))
 
@@ -131,8 +131,8 @@ def main(argv=None) -> int:
         keys = encode(tf.constant(vocab_ids[f]), use.slot)
         for start in range(0, vocab, chunk):
             k = keys[start : start + chunk]
-            group.rows.insert(k, tf.random.normal([tf.size(k), width], stddev=0.01))
-            bare.insert(k, tf.random.normal([tf.size(k), args.dim], stddev=0.01))
+            group.rows.insert(k, tf.random.normal([tf.shape(k)[0], width], stddev=0.01))
+            bare.insert(k, tf.random.normal([tf.shape(k)[0], args.dim], stddev=0.01))
     loaded = int(group.rows.size())
     print(
         f"preloaded {loaded:,} keys ({args.features} features x {vocab:,} ids), engine row width "
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         batches_rows.append(
             tf.constant(rows + np.arange(args.features, dtype=np.int64)[None, :] * vocab)
         )
-    unique_per_batch = int(np.mean([np.unique(k.numpy()).size for k in batches_keys]))
+    unique_per_batch = int(np.mean([len(np.unique(k.numpy(), axis=0)) for k in batches_keys]))
 
     spec_ids = {n: tf.TensorSpec([None], tf.int64) for n in names}
 
@@ -161,13 +161,13 @@ def main(argv=None) -> int:
     def engine_fused(ids):
         return engine.embed(ids)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    @tf.function(input_signature=[tf.TensorSpec([None, KEY_WIDTH], tf.int64)])
     def table_unique(keys):
-        unique, index = tf.unique(keys)
-        rows = group.rows.lookup(unique)[:, : args.dim]
+        distinct, index = unique(keys)
+        rows = group.rows.lookup(distinct)[:, : args.dim]
         return tf.gather(rows, index)
 
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    @tf.function(input_signature=[tf.TensorSpec([None, KEY_WIDTH], tf.int64)])
     def hash_bare(keys):
         return tf.reshape(bare.lookup(keys), [-1, args.dim])
 

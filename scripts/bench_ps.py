@@ -178,7 +178,7 @@ def zipf_balance(batch: int, shard_counts: list[int], steps: int = 50) -> list[d
         worst, per = [], np.zeros(shards)
         for _ in range(steps):
             ids = (rng.zipf(1.1, size=batch) - 1) % 1_000_000
-            keys = np.unique(encode(int_ids(tf.constant(ids, tf.int64)), 0).numpy())
+            keys = np.unique(encode(int_ids(tf.constant(ids, tf.int64)), 0).numpy(), axis=0)
             counts = np.bincount(placement.shard_of(tf.constant(keys)).numpy(), minlength=shards)
             worst.append(counts.max() / counts.mean())
             per += counts

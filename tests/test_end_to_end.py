@@ -161,4 +161,4 @@ def test_plan_shows_physical_tables(capsys):
     capsys.readouterr()
     assert main(["plan", "configs/deepfm_demo.yaml", "--ps", "4", "--set", "embedding.fusion=false"]) == 0
     out = capsys.readouterr().out
-    assert "physical tables: 10" in out and "(key >> 32) mod 4" in out and "~250,000 keys" in out
+    assert "physical tables: 10" in out and "(mixed id >> 32) mod 4" in out and "~250,000 keys" in out

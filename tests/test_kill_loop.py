@@ -95,15 +95,15 @@ def table_rows(prefix):
     for name in names:
         if not name.endswith("/.ATTRIBUTES/table-keys"):
             continue
-        keys = reader.get_tensor(name).reshape(-1)
+        keys = reader.get_tensor(name).reshape(-1, 2)  # (slot, mixed id)
         values = reader.get_tensor(name.replace("table-keys", "table-values"))
-        values = values.reshape(keys.size, -1)
+        values = values.reshape(len(keys), -1)
         # .../physical_tables/<t>/<rows|counters>/shards/<shard>/<segment>/...: one dict per
         # table store, every shard and segment together (a key held twice is an error).
         group = name.split("/shards/")[0]
-        live = keys >= 0
+        live = keys[:, 0] >= 0
         rows = out.setdefault(group, {})
-        for k, v in zip(keys[live].tolist(), values[live]):
+        for k, v in zip(map(tuple, keys[live].tolist()), values[live]):
             assert k not in rows, f"duplicate key {k} in table {group}"
             rows[k] = v
     return out

@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 import yaml
+from conftest import fingerprint_ids
 
 from recflow.cli import main
 from recflow.data.writer import write_columns
@@ -59,11 +60,8 @@ def tables_json(model_dir, capsys):
 
 
 def string_ids(values):
-    """The 55-bit ids recflow gives strings: their fingerprint64, masked (computed by TF here)."""
-    import tensorflow as tf
-
-    values = sorted(set(values))
-    return set(tf.strings.to_hash_bucket_fast(values, 2**55).numpy().tolist()) if values else set()
+    """The ids recflow gives strings: their 64-bit fingerprints."""
+    return set(fingerprint_ids(sorted(set(values))))
 
 
 def load_delta(model_dir, step, table):
@@ -105,7 +103,7 @@ def test_tables_report_exact_survivors(trained, capsys):
     assert stats["i"]["keys"] == len(survivors)
     assert stats["i"]["shards"] == [len(survivors)]
     width = 4 + 8 + 2  # embedding, Adam m and v (the default sparse optimizer), count, last step
-    assert stats["i"]["bytes"] == len(survivors) * (8 + 4 * width)
+    assert stats["i"]["bytes"] == len(survivors) * (16 + 4 * width)  # a key is two int64s
 
 
 def test_deltas_hold_exactly_the_updated_rows(trained):
@@ -165,11 +163,8 @@ def test_max_keys_keeps_the_most_frequent(tmp_path, capsys):
     # Which items survived: a delta since step 0 lists every row, keyed by the id of the string.
     assert main(["export", str(model_dir / "config.yaml"), "--delta"]) == 0
     keys, _ = load_delta(model_dir, 8, "i")
-    import tensorflow as tf
-
     top6 = sorted(counts, key=counts.get)[-6:]  # counts 5, 6, 7, 8, 11, 17
-    expected = tf.strings.to_hash_bucket_fast(top6, 2**55).numpy()
-    assert sorted(keys.tolist()) == sorted(expected.tolist())
+    assert sorted(keys.tolist()) == sorted(fingerprint_ids(top6))
 
 
 def simulate_store(users, steps, min_count, ttl, checkpoints):
@@ -215,8 +210,10 @@ def test_ttl_also_drops_keys_waiting_for_admission(tmp_path, capsys):
     }
 
 
-def test_checkpoint_with_unmixed_keys_is_refused_in_one_line(trained, tmp_path, capsys):
-    """A checkpoint from before keys were mixed (no key_format) fails with one line, exit 2."""
+@pytest.mark.parametrize("key_format", [1, 2])
+def test_checkpoint_with_55_bit_keys_is_refused_in_one_line(trained, tmp_path, capsys, key_format):
+    """A checkpoint of 55-bit keys (format 1: no key_format variable; 2: mixed) fails with
+    one line, exit 2, for `tables` and for `train` on its model dir, and changes nothing."""
     import shutil
 
     import tensorflow as tf
@@ -227,11 +224,17 @@ def test_checkpoint_with_unmixed_keys_is_refused_in_one_line(trained, tmp_path, 
     shutil.copy(model_dir / "config.yaml", old / "config.yaml")
     embedding = tf.Module()
     embedding.table = tf.lookup.experimental.DenseHashTable(tf.int64, tf.float32, 0.0, -1, -2)
+    if key_format > 1:
+        embedding.key_format = tf.Variable(key_format, dtype=tf.int64)
     model = tf.Module()
     model.embedding = embedding
     tf.train.CheckpointManager(tf.train.Checkpoint(model=model), str(old / "checkpoints"), 1).save(8)
-    capsys.readouterr()
-    assert main(["tables", str(old)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "not mixed" in err and "ckpt-8" in err
+    before = sorted(os.listdir(old / "checkpoints"))
+    for command in (["tables", str(old)], ["train", str(old / "config.yaml"), "--model-dir", str(old)]):
+        capsys.readouterr()
+        assert main(command + ["--quiet"] * (command[0] == "train")) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and err.startswith("recflow: ") and "ckpt-8" in err
+        assert "55-bit" in err and "fresh model dir" in err
+    assert sorted(os.listdir(old / "checkpoints")) == before
     assert main(["tables", str(model_dir)]) == 0  # a current checkpoint reads

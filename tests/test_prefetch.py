@@ -87,7 +87,7 @@ def snapshot(model):
             parts = [store.export_shard(i) for i in range(store.num_shards)]
             keys = np.concatenate([k.numpy() for k, _ in parts])
             values = np.concatenate([v.numpy() for _, v in parts])
-            order = np.argsort(keys)
+            order = np.lexsort((keys[:, 1], keys[:, 0]))  # by (slot, mixed id)
             tables[f"{table.spec.name}/{name}"] = (keys[order], values[order])
     return tables, [w.numpy() for w in model.trainable_weights]
 

@@ -191,11 +191,11 @@ def test_dense_update_runs_on_the_ps_and_receives_one_packed_gradient(report):
 
 def test_prefetched_rows_stay_on_the_ps(report):
     """A tensor leaving a loop, a branch or a call goes through the worker: the loop may
-    carry the batches' keys (int64 [U], the worker's) but no packed rows (float32
+    carry the batches' keys (int64 [U, 2], the worker's) but no packed rows (float32
     [U, width]), and a prefetching step returns only scalars (its loss and the staging
     token), not what it wrote."""
     carried = [tuple(x) for x in report["loop_carried"]]
-    assert ("int64", 1) in carried  # the next batch's keys: the loop is the prefetching one
+    assert ("int64", 2) in carried  # the next batch's keys: the loop is the prefetching one
     assert ("float32", 2) not in carried, carried
     assert [rank for _, rank in report["step_outputs"]] == [0, 0], report["step_outputs"]
 

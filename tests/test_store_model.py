@@ -20,6 +20,8 @@ from recflow.embedding.placement import ModPlacement
 from recflow.features.keys import encode
 
 MIN_COUNT, TTL, MAX_KEYS = 2, 4, 48
+# Small ids, and ids at the ends of int64 or that differ from others only in their top bits.
+IDS = list(range(33)) + [-1, -2, -(2**63), 2**63 - 1, 5 + 2**55, 5 - 2**63, -5, 2**55 - 5]
 
 
 def make_engine(shards: int) -> EmbeddingEngine:
@@ -88,14 +90,18 @@ class StoreMachine(RuleBasedStateMachine):
                 if key in new:
                     self.emb[key] = emb.copy()
 
-    @rule(ids=st.lists(st.integers(0, 40), min_size=1, max_size=12))
+    @rule(ids=st.lists(st.sampled_from(IDS), min_size=1, max_size=12))
     def train_small_ids(self, ids):
         self._train(np.array(ids, np.int64))
 
-    @rule(start=st.integers(1000, 10**6), n=st.integers(20, 150))
-    def grow(self, start, n):
+    @rule(
+        start=st.integers(1000, 10**6),
+        n=st.integers(20, 150),
+        top=st.sampled_from([0, 2**55, -(2**62)]),
+    )
+    def grow(self, start, n, top):
         # Every id twice: a burst of admitted keys that makes the shards grow.
-        ids = np.arange(start, start + n, dtype=np.int64)
+        ids = np.arange(start, start + n, dtype=np.int64) + np.int64(top)
         self._train(np.concatenate([ids, ids]))
 
     @rule()
@@ -149,8 +155,10 @@ class StoreMachine(RuleBasedStateMachine):
         stats = self.engine.table_stats()["t"]
         assert stats["keys"] == len(self.rows) and sum(stats["shards"]) == len(self.rows)
         assert stats["waiting_keys"] == len(self.waiting)
-        keys, _ = self.engine.serving_rows(0)
-        assert np.unique(keys.numpy()).size == int(tf.size(keys))
+        keys, emb = (t.numpy() for t in self.engine.serving_rows(0))  # (slot, raw id) pairs
+        assert (keys[:, 0] == 0).all() and sorted(keys[:, 1].tolist()) == sorted(self.rows)
+        for key, row in zip(keys[:, 1].tolist(), emb):
+            np.testing.assert_array_equal(row, self.emb[key])
 
     @invariant()
     def lookups_read_the_rows(self):

@@ -25,7 +25,23 @@ _BAD_RECORD_RE = re.compile(re.escape(BAD_RECORD_TAG) + r"(.*)\]")
 # The text of values (Python `re` and RE2 both read these).
 NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 NUMBER_OR_SPECIAL = NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" reads as missing
-INT64_TEXT = r"-?(?:\d{1,18}|[0-8]\d{18})"  # every match fits in int64
+
+
+def _digits_at_most(bound: str) -> str:
+    """A pattern of the digit strings of `bound`'s length whose value is at most `bound`."""
+    parts = [
+        bound[:i] + f"[0-{int(d) - 1}]" + rf"\d{{{len(bound) - i - 1}}}"
+        for i, d in enumerate(bound)
+        if d != "0"
+    ]
+    return "|".join(parts + [bound])
+
+
+# Exactly the integers of int64, [-2**63, 2**63 - 1].
+INT64_TEXT = (
+    rf"(?:\d{{1,18}}|{_digits_at_most(str(2**63 - 1))}"
+    rf"|-(?:\d{{1,18}}|{_digits_at_most(str(2**63))}))"
+)
 DIGITS = r"[+-]?\d+"  # an integer, of any size
 
 # Raw column kinds: the dtype a column has in the serving signature.

@@ -2,7 +2,7 @@
 
 A training step, per physical table (the logical tables fused into it):
 
-    ids of every feature -> encode(slot) -> concat -> unique -> partition by shard
+    ids of every feature -> concat -> (slot, mixed id) -> unique -> partition by shard
       -> one lookup per shard -> stitch -> [U, width] packed rows
     (tape) gather per feature -> pool / pad -> tower -> loss -> d loss / d emb [U, dim]
     sparse optimizer on [emb | slots] -> pack with (count, last_step) -> one insert per shard
@@ -27,7 +27,16 @@ from recflow.embedding.rows import KEY_BYTES, RowLayout
 from recflow.embedding.staging import Staging
 from recflow.embedding.table import MIN_LOAD, ShardedTable
 from recflow.errors import RecflowError
-from recflow.features.keys import KEY_FORMAT, decode, encode_parts, slot_of
+from recflow.features.keys import (
+    KEY_FORMAT,
+    KEY_WIDTH,
+    decode,
+    encode,
+    raw_keys,
+    slot_of,
+    unique,
+    unique_ids,
+)
 
 LINEAR_OUTPUT = "/linear"  # tower input `<feature>/linear`: first-order weight [B, 1]
 MASK_OUTPUT = "/mask"  # tower input `<sequence>/mask`: [B, max_len] bool
@@ -46,7 +55,7 @@ class _Use(NamedTuple):
 class ShardRows(NamedTuple):
     """One shard's part of a batch's keys and their rows, on the shard's device."""
 
-    keys: tf.Tensor  # [U_s] int64
+    keys: tf.Tensor  # table keys [U_s, 2] int64
     counts: tf.Tensor  # occurrences in the batch [U_s] int32
     rows: tf.Tensor  # packed rows [U_s, width]; a missing key reads count 0
     seen: tf.Tensor  # admission sightings before this batch [U_s] int32 (zeros without admission)
@@ -55,7 +64,7 @@ class ShardRows(NamedTuple):
 class BatchKeys(NamedTuple):
     """A batch's unique keys of one physical table (`EmbeddingEngine.batch_keys`)."""
 
-    keys: tf.Tensor  # unique keys [U]
+    keys: tf.Tensor  # unique table keys [U, 2]
     index: tf.Tensor  # position in `keys` of every id, all uses concatenated [N]
     counts: tf.Tensor  # occurrences in the batch [U] int32
 
@@ -63,7 +72,7 @@ class BatchKeys(NamedTuple):
 class Fetched(NamedTuple):
     """A batch's unique keys of one physical table and their rows as read (`EmbeddingEngine.fetch`)."""
 
-    keys: tf.Tensor  # unique keys [U]
+    keys: tf.Tensor  # unique table keys [U, 2]
     index: tf.Tensor  # position in `keys` of every id, all uses concatenated [N]
     shards: list  # per shard: ShardRows of its keys, in `ShardedTable.partition` order
 
@@ -71,7 +80,7 @@ class Fetched(NamedTuple):
 class Written(NamedTuple):
     """What one step wrote to one shard of a physical table (`EmbeddingEngine.apply`)."""
 
-    keys: tf.Tensor  # [U_s]
+    keys: tf.Tensor  # [U_s, 2]
     rows: tf.Tensor  # packed rows [U_s, width], inserted where `trainable`
     seen: tf.Tensor  # sightings after the step [U_s] int32: a waiting key's counter
     trainable: tf.Tensor  # [U_s] bool: a row was written (else only the counter)
@@ -81,7 +90,7 @@ class Written(NamedTuple):
 class _ShardStep:
     """What a step carries from lookup to update for one shard (tensors on its device)."""
 
-    keys: tf.Tensor  # [U_s]
+    keys: tf.Tensor  # [U_s, 2]
     counts: tf.Tensor  # [U_s] int32
     emb: tf.Tensor  # embeddings, new rows initialized, untrainable rows zero [U_s, dim]
     slots: tf.Tensor  # optimizer slots [U_s, k * dim]
@@ -120,6 +129,8 @@ class _PhysicalTable(tf.Module):
         self.spec = spec
         self.uses = uses
         self.seed = seed
+        # Every key of the table has slot 0: a 1-D unique over mixed ids is exact on its own.
+        self.one_slot = len(spec.logical) == 1
         self.optimizer: SparseOptimizer = make_optimizer(spec.optimizer)
         self.layout = RowLayout(spec.dim, self.optimizer.num_slots)
         shards = placement.num_shards
@@ -199,8 +210,8 @@ class _PhysicalTable(tf.Module):
                     shard, waiting, tf.boolean_mask(counters, live), self.step_keys
                 )
             survivors = tf.boolean_mask(keys, keep)
-            evicted = int(tf.size(keys)) - int(tf.size(survivors))
-            if evicted or int(tf.size(survivors)) < MIN_LOAD * buckets:
+            evicted = int(tf.shape(keys)[0]) - int(tf.shape(survivors)[0])
+            if evicted or int(tf.shape(survivors)[0]) < MIN_LOAD * buckets:
                 rows.rebuild_shard(shard, survivors, tf.boolean_mask(values, keep), self.step_keys)
             return evicted
 
@@ -208,7 +219,7 @@ class _PhysicalTable(tf.Module):
 class LogicalRows(NamedTuple):
     """What one logical table holds (numpy): raw ids and their rows' parts."""
 
-    ids: np.ndarray  # 55-bit ids, the slot removed [n] int64
+    ids: np.ndarray  # raw int64 ids (a string's fingerprint), the slot removed [n] int64
     emb: np.ndarray  # [n, dim]
     slots: np.ndarray  # optimizer slots [n, k * dim]
     count: np.ndarray  # sightings [n] int32
@@ -262,9 +273,11 @@ class EmbeddingEngine(tf.Module):
     def _flat_ids(ids) -> tf.Tensor:
         return ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
 
-    def _keys(self, table: _PhysicalTable, ids: dict) -> tf.Tensor:
+    def _unique_keys(self, table: _PhysicalTable, ids: dict):
+        """(distinct table keys [U, 2], position in them of every id [N], counts [U]) of the
+        ids of every use of `table`, concatenated."""
         parts = [self._flat_ids(ids[u.feature.name]) for u in table.uses]
-        return encode_parts(parts, [u.slot for u in table.uses])
+        return unique_ids(parts, [u.slot for u in table.uses])
 
     def _assemble(self, table: _PhysicalTable, emb: tf.Tensor, index: tf.Tensor, ids: dict) -> dict:
         """Gathers each use's rows from the unique embeddings and pools / pads them."""
@@ -307,7 +320,7 @@ class EmbeddingEngine(tf.Module):
         """
         out = {}
         for i, table in enumerate(self.physical_tables):
-            keys, index = tf.unique(self._keys(table, ids))
+            keys, index, _ = self._unique_keys(table, ids)
             out.update(self._assemble(table, read(i, keys), index, ids))
         return out
 
@@ -326,14 +339,15 @@ class EmbeddingEngine(tf.Module):
         """A batch's unique keys per physical table, with their counts (on this device)."""
         out = []
         for table in self.physical_tables:
-            keys, index, counts = tf.unique_with_counts(self._keys(table, ids))
-            out.append(BatchKeys(keys, index, tf.cast(counts, tf.int32)))
+            keys, index, counts = self._unique_keys(table, ids)
+            out.append(BatchKeys(keys, index, counts))
         return out
 
     def empty_batch_keys(self) -> list[BatchKeys]:
         """What `batch_keys` returns for a batch with no ids."""
         none = tf.zeros([0], tf.int32)
-        return [BatchKeys(tf.zeros([0], tf.int64), none, none)] * len(self.physical_tables)
+        keys = tf.zeros([0, KEY_WIDTH], tf.int64)
+        return [BatchKeys(keys, none, none)] * len(self.physical_tables)
 
     def fetch(self, ids: dict) -> list[Fetched]:
         """Looks up the packed rows (and admission counters) of a batch's keys.
@@ -346,6 +360,8 @@ class EmbeddingEngine(tf.Module):
 
     def lookup(self, batch_keys: list[BatchKeys]) -> list[Fetched]:
         """`fetch` for keys already made unique (`batch_keys`)."""
+        # Static key width (a loop variable's keys have [None, None]) for the wire.
+        batch_keys = [b._replace(keys=tf.reshape(b.keys, [-1, KEY_WIDTH])) for b in batch_keys]
         split = [table.rows.partition(b.keys) for table, b in zip(self.physical_tables, batch_keys)]
         shards = [[] for _ in self.physical_tables]
         for i in range(self.placement.num_shards):
@@ -401,11 +417,12 @@ class EmbeddingEngine(tf.Module):
         is read.
         """
         out = []
-        for f, table_written in zip(fetched, written):
+        for table, f, table_written in zip(self.physical_tables, fetched, written):
             shards = []
+            one_slot = table.one_slot
             for i, (part, w) in enumerate(zip(f.shards, table_written)):
                 with tf.device(self.placement.device(i)):
-                    shards.append(_refreshed(part, w))
+                    shards.append(_refreshed(part, w, one_slot))
             out.append(f._replace(shards=shards))
         return out
 
@@ -446,7 +463,7 @@ class EmbeddingEngine(tf.Module):
     def _shard_step(table: _PhysicalTable, part: ShardRows, step: tf.Tensor, shard: int):
         emb, slots, count, _ = table.layout.split(part.rows)
         exists = count > 0
-        n = tf.size(part.keys)
+        n = tf.size(part.counts)
         new_unadmitted = None
         trainable = tf.ones_like(exists)
         if table.counters is not None:
@@ -494,7 +511,7 @@ class EmbeddingEngine(tf.Module):
                 flat = wire.pack(parts)  # here: one transfer to the PS task
             with tf.device(device):
                 if device is not None:
-                    sizes = [tf.size(s.shards[i].keys) for s in states]
+                    sizes = [tf.size(s.shards[i].counts) for s in states]
                     parts = wire.unpack(flat, sizes, [t.spec.dim for t in tables])
                 for t, (table, state, grad) in enumerate(zip(tables, states, parts)):
                     written[t].append(self._apply_shard(table, state.shards[i], grad, step, i))
@@ -541,10 +558,11 @@ class EmbeddingEngine(tf.Module):
         return evicted
 
     def serving_rows(self, index: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """(table keys, embeddings) of physical table `index`: what an export serves."""
+        """((slot, raw id) pairs [n, 2], embeddings) of physical table `index`: what an
+        export serves."""
         table = self.physical_tables[index]
         keys, rows = table.rows.export()
-        return keys, rows[:, : table.spec.dim]
+        return raw_keys(keys), rows[:, : table.spec.dim]
 
     def logical_rows(self) -> dict[str, LogicalRows]:
         """Every row, per logical table, with raw ids (numpy)."""
@@ -571,7 +589,7 @@ class EmbeddingEngine(tf.Module):
         if n == 0:
             return 0
         slot = table.spec.slot(name)
-        keys = encode_parts([tf.constant(rows.ids, tf.int64)], [slot])
+        keys = encode(tf.constant(rows.ids, tf.int64), slot)
         emb = tf.constant(rows.emb, tf.float32)
         slots = (
             tf.constant(rows.slots, tf.float32)
@@ -621,15 +639,15 @@ class EmbeddingEngine(tf.Module):
 
 def _part_size(keys: tf.Tensor, position: tf.Tensor | None) -> tf.Tensor:
     """Rows of a shard's part of `keys` (all of them when there is one shard)."""
-    return tf.size(keys if position is None else position)
+    return tf.shape(keys)[0] if position is None else tf.size(position)
 
 
-def _refreshed(part: ShardRows, written: Written) -> ShardRows:
+def _refreshed(part: ShardRows, written: Written, one_slot: bool) -> ShardRows:
     """`part` with the rows and counters `written` holds for the keys they share."""
-    n = tf.size(written.keys)
+    n = tf.size(written.seen)
     # The written keys are distinct and come first, so they take ids 0..n-1 in order;
     # a key of `part` that was written gets its position there, any other an id >= n.
-    _, ids = tf.unique(tf.concat([written.keys, part.keys], 0))
+    _, ids = unique(tf.concat([written.keys, part.keys], 0), one_slot)
     source = tf.minimum(ids[n:], n)  # n: one padding entry, never a match
     match = source < n
     written_row = tf.logical_and(
@@ -649,11 +667,20 @@ def _refreshed(part: ShardRows, written: Written) -> ShardRows:
 
 def check_checkpoint(path: str) -> None:
     """Refuses, in one line, a checkpoint whose table keys are in another format."""
-    names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    has_tables = any("/embedding/" in n for n in names)
-    if has_tables and not any(n.endswith(_KEY_FORMAT_NAME) for n in names):
+    reader = tf.train.load_checkpoint(path)
+    names = reader.get_variable_to_shape_map()
+    if not any("/embedding/" in n for n in names):
+        return
+    stored = [n for n in names if n.endswith(_KEY_FORMAT_NAME)]
+    found = int(reader.get_tensor(stored[0])) if stored else 1  # format 1 had no variable
+    if found < KEY_FORMAT:
         raise RecflowError(
-            f"{path}: written by recflow < 0.2, whose table keys were not mixed; this version "
-            "would read its rows under the wrong keys. Train into a new model dir, or export "
-            "it with the recflow that wrote it"
+            f"{path}: the model dir was written with 55-bit table keys (key format {found}), "
+            "which this recflow cannot read (it keys rows by the whole int64 id); retrain it "
+            "into a fresh model dir"
+        )
+    if found > KEY_FORMAT:
+        raise RecflowError(
+            f"{path}: written by a newer recflow (key format {found}, this one reads "
+            f"{KEY_FORMAT}); use that version"
         )

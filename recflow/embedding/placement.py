@@ -7,6 +7,8 @@ import contextlib
 
 import tensorflow as tf
 
+from recflow.features.keys import mixed
+
 SHARD_SHIFT = 32  # shards from the high bits of a key, buckets from the low ones
 
 
@@ -20,7 +22,7 @@ class Placement(abc.ABC):
 
     @abc.abstractmethod
     def shard_of(self, keys: tf.Tensor) -> tf.Tensor:
-        """int32 shard index of each key."""
+        """int32 shard index [n] of each table key [n, 2]."""
 
     @abc.abstractmethod
     def device(self, shard: int) -> str | None:
@@ -28,12 +30,12 @@ class Placement(abc.ABC):
 
 
 class ModPlacement(Placement):
-    """Shard = (key >> 32) mod num_shards; shard i on PS task i (or locally).
+    """Shard = (mixed >> 32) mod num_shards; shard i on PS task i (or locally).
 
-    Table keys are mixed over all 63 bits (`recflow.features.keys`), so the
-    modulo spreads them evenly. It reads the high bits because a shard's
-    `DenseHashTable` picks buckets from the low bits: keys of one shard then
-    still spread over every bucket.
+    `mixed` is the key's mixed id, fmix64(id + slot * GOLDEN) (`recflow.features.keys`),
+    even over all 64 bits, so the modulo (floor modulo of the arithmetic shift,
+    in [0, num_shards)) spreads keys evenly. It reads the high bits: a shard's
+    segments take bits 47..62 and its buckets spread by a hash of the whole key.
     """
 
     def __init__(self, num_shards: int = 1, ps_devices: list[str] | None = None):
@@ -43,7 +45,7 @@ class ModPlacement(Placement):
         self.ps_devices = ps_devices
 
     def shard_of(self, keys: tf.Tensor) -> tf.Tensor:
-        high = tf.bitwise.right_shift(keys, tf.constant(SHARD_SHIFT, keys.dtype))
+        high = tf.bitwise.right_shift(mixed(keys), tf.constant(SHARD_SHIFT, keys.dtype))
         return tf.cast(tf.math.floormod(high, self.num_shards), tf.int32)
 
     def device(self, shard: int) -> str | None:

@@ -49,7 +49,7 @@ def format_plan(config: Config, keys_per_table: int = 1_000_000, num_shards: int
         )
     lines += [
         "",
-        f"placement: shard = (key >> 32) mod {num_shards}; shard i on PS task i "
+        f"placement: shard = (mixed id >> 32) mod {num_shards}; shard i on PS task i "
         f"(~{keys_per_table // num_shards:,} keys of each logical table per shard)",
         f"memory at {keys_per_table:,} keys per logical table: {total / 2**20:,.1f} MiB of rows "
         f"(hash buckets add {1 / MAX_LOAD:.2f}x-{2 / MAX_LOAD:.2f}x while tables grow, "

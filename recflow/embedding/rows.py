@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 META_COLUMNS = 2  # count of sightings, last step seen
-KEY_BYTES = 8  # an int64 table key
+KEY_BYTES = 16  # a table key: (slot, mixed id), two int64s
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from recflow.embedding.placement import Placement, variables_on
 
-_INT_COLUMNS = 4  # key (int64: 2 columns), count, seen (int32: 1 column each)
+_INT_COLUMNS = 6  # key ([2] int64: 4 columns), count, seen (int32: 1 column each)
 
 
 class Staging:
@@ -100,25 +100,25 @@ class Staging:
 
 
 def _read(handle: tf.Tensor, width: int) -> tf.Tensor:
-    """A staged matrix [U, 4 + width]. Its static shape comes from the reshape alone:
+    """A staged matrix [U, 6 + width]. Its static shape comes from the reshape alone:
     graph rewrites took the remote read's own (unknown) shape for a scalar's."""
     value = tf.raw_ops.ReadVariableOp(resource=handle, dtype=tf.float32)
     return tf.reshape(value, [-1, _INT_COLUMNS + width])
 
 
 def _pack(part) -> tf.Tensor:
-    """(keys, counts, rows, seen) -> one float32 matrix [U, 4 + width], bits kept."""
+    """(keys, counts, rows, seen) -> one float32 matrix [U, 6 + width], bits kept."""
     keys, counts, rows, seen = part
     as_float = lambda x: tf.bitcast(x, tf.float32)  # noqa: E731
-    key_columns = as_float(tf.bitcast(keys, tf.int32))  # [U, 2]
+    key_columns = tf.reshape(as_float(tf.bitcast(keys, tf.int32)), [-1, 4])  # [U, 2, 2] -> [U, 4]
     return tf.concat([key_columns, as_float(counts)[:, None], as_float(seen)[:, None], rows], 1)
 
 
 def _unpack(packed: tf.Tensor) -> tuple:
     """The inverse of `_pack`: (keys, counts, rows, seen)."""
     as_int = lambda x: tf.bitcast(x, tf.int32)  # noqa: E731
-    keys = tf.bitcast(as_int(packed[:, :2]), tf.int64)
-    return keys, as_int(packed[:, 2]), packed[:, _INT_COLUMNS:], as_int(packed[:, 3])
+    keys = tf.bitcast(tf.reshape(as_int(packed[:, :4]), [-1, 2, 2]), tf.int64)  # [U, 2]
+    return keys, as_int(packed[:, 4]), packed[:, _INT_COLUMNS:], as_int(packed[:, 5])
 
 
 def _handle(variables: list, slot: tf.Tensor) -> tf.Tensor:

@@ -13,7 +13,7 @@ never hold a deleted bucket, so it is held at most once.
 **Segments.** A `DenseHashTable` has a power-of-two bucket count and doubles past
 a load of 0.8, so one table per shard would hold 1.25x-2.5x the buckets its keys
 need. Each shard is instead split into `SEGMENTS` tables by the key's route
-(bits 47..62 of the mixed key, uniform), each segment taking a share of the
+(bits 47..62 of its mixed id, uniform), each segment taking a share of the
 routes proportional to its buckets. A rebuild picks segment sizes whose sum is
 within 1/32 of what the survivors and one step's keys need, so right after a
 rebuild a shard holds at most ~1.3x the buckets of its keys (plus that headroom);
@@ -26,14 +26,14 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.embedding.placement import Placement, variables_on
-from recflow.features.keys import DELETED_KEY, EMPTY_KEY
+from recflow.features.keys import DELETED_KEY, EMPTY_KEY, KEY_WIDTH, mixed
 
 SEGMENTS = 6
 MIN_BUCKETS = 1 << 4
 INITIAL_BUCKETS = 1 << 12  # per shard, all segments together
 MAX_LOAD = 0.8  # DenseHashTable doubles its buckets when an insert would pass this load
 MIN_LOAD = 0.5  # a shard whose load fell below this is resized at the next rebuild
-ROUTE_SHIFT, ROUTES = 47, 1 << 16  # a key's route: bits 47..62, in [0, ROUTES)
+ROUTE_SHIFT, ROUTES = 47, 1 << 16  # a key's route: bits 47..62 of its mixed id, in [0, ROUTES)
 
 
 def segment_buckets(keys: int, headroom: int = 0, segments: int = SEGMENTS) -> list[int]:
@@ -57,7 +57,7 @@ def empty_buckets(table, buckets: int, width: int, dtype=tf.float32) -> None:
     """Replaces a `DenseHashTable`'s bucket arrays by `buckets` empty ones, on its device.
 
     This empties a table without erase (DESIGN.md section 9). The bucket arrays are
-    `[buckets, 1]` keys and `[buckets, width]` values (`[buckets]` for width 0). The
+    `[buckets, 2]` keys and `[buckets, width]` values (`[buckets]` for width 0). The
     op's shape function wants rank-1 keys, which holds for what it can see only: the
     shapes are passed in as tensors, so on a remote (PS) device the arrays reach the
     kernel with an unknown rank, as they do when a checkpoint is restored.
@@ -69,11 +69,11 @@ def empty_buckets(table, buckets: int, width: int, dtype=tf.float32) -> None:
     def empty(keys_shape, values_shape):
         tf.raw_ops.LookupTableImportV2(
             table_handle=table.resource_handle,
-            keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY, tf.int64)),
+            keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY[0], tf.int64)),
             values=tf.zeros(values_shape, dtype),
         )
 
-    empty(tf.constant([buckets, 1], tf.int64), tf.constant(values_shape, tf.int64))
+    empty(tf.constant([buckets, KEY_WIDTH], tf.int64), tf.constant(values_shape, tf.int64))
 
 
 def segment_layout(used: list[int], segments: int = SEGMENTS) -> tuple[list[int], np.ndarray]:
@@ -90,7 +90,8 @@ def segment_layout(used: list[int], segments: int = SEGMENTS) -> tuple[list[int]
 
 
 class ShardedTable(tf.Module):
-    """int64 key -> row of `width` values (or one scalar when `width` is None).
+    """Table key (`recflow.features.keys`, [2] int64) -> row of `width` values (or one
+    scalar when `width` is None).
 
     Args:
         name: a name for the shards (`<name>_shard_<i>_<segment>`).
@@ -155,13 +156,17 @@ class ShardedTable(tf.Module):
         # Lookups return an unknown static shape: pin it right away.
         return tf.reshape(values, [-1, self.width] if self.width else [-1])
 
-    def _split(self, keys: tf.Tensor, part: tf.Tensor, n: int):
-        positions = tf.dynamic_partition(tf.range(tf.size(keys)), part, n)
-        return tf.dynamic_partition(keys, part, n), positions
+    @staticmethod
+    def _split(keys: tf.Tensor, part: tf.Tensor, n: int):
+        """(keys [U, 2] of each part, their positions in `keys`). The keys are gathered by
+        position: `tf.dynamic_partition` of a [U, 2] matrix is 3-4x slower here (and a
+        bit-cast to one 128-bit scalar per key trips a graph rewrite that folds bit-casts)."""
+        positions = tf.dynamic_partition(tf.range(tf.shape(keys)[0]), part, n)
+        return [tf.gather(keys, p) for p in positions], positions
 
     def _segment_of(self, i: int, keys: tf.Tensor) -> tf.Tensor:
         route = tf.bitwise.bitwise_and(
-            tf.bitwise.right_shift(keys, tf.constant(ROUTE_SHIFT, tf.int64)), ROUTES - 1
+            tf.bitwise.right_shift(mixed(keys), tf.constant(ROUTE_SHIFT, tf.int64)), ROUTES - 1
         )
         return tf.cast(tf.searchsorted(self.routes[i], route, side="right"), tf.int32)
 
@@ -178,7 +183,7 @@ class ShardedTable(tf.Module):
     def insert_shard(self, i: int, keys: tf.Tensor, values: tf.Tensor) -> list:
         with tf.device(self.placement.device(i)):
             segment = self._segment_of(i, keys)
-            key_parts = tf.dynamic_partition(keys, segment, self.segments)
+            key_parts, _ = self._split(keys, segment, self.segments)
             value_parts = tf.dynamic_partition(values, segment, self.segments)
             return [t.insert(k, v) for t, k, v in zip(self.shards[i], key_parts, value_parts)]
 
@@ -193,9 +198,9 @@ class ShardedTable(tf.Module):
             keys, values, buckets = [], [], 0
             for table in self.shards[i]:
                 k, v = table.export()  # every bucket, empty ones included
-                k = tf.reshape(k, [-1])
-                buckets += int(tf.size(k))
-                live = k >= 0
+                k = tf.reshape(k, [-1, KEY_WIDTH])
+                buckets += int(tf.shape(k)[0])
+                live = k[:, 0] >= 0  # slots are >= 0: not an empty or deleted bucket
                 keys.append(tf.boolean_mask(k, live))
                 values.append(tf.boolean_mask(self._shape(v), live))
             return tf.concat(keys, 0), tf.concat(values, 0), buckets
@@ -208,7 +213,7 @@ class ShardedTable(tf.Module):
         `headroom` is room kept for one step's new keys.
         """
         sizes, routes = segment_layout(
-            segment_buckets(int(tf.size(keys)), headroom, self.segments), self.segments
+            segment_buckets(int(tf.shape(keys)[0]), headroom, self.segments), self.segments
         )
         with tf.device(self.placement.device(i)):
             for table, size in zip(self.shards[i], sizes):
@@ -250,7 +255,7 @@ class ShardedTable(tf.Module):
         if self.num_shards == 1:
             return self.insert_shard(0, keys, values)
         shard = self.placement.shard_of(keys)
-        key_parts = tf.dynamic_partition(keys, shard, self.num_shards)
+        key_parts, _ = self._split(keys, shard, self.num_shards)
         value_parts = tf.dynamic_partition(values, shard, self.num_shards)
         ops = []
         for i in range(self.num_shards):

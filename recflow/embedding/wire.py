@@ -15,13 +15,17 @@ import tensorflow as tf
 
 
 def send_ints(parts: list[tf.Tensor], device: str) -> list[tf.Tensor]:
-    """Integer vectors made here, as they arrive on `device` (one int64 transfer)."""
+    """Integer tensors made here (vectors, or matrices of a static width such as table
+    keys [n, 2]), as they arrive on `device` (one int64 transfer)."""
     n = len(parts)
     sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in parts])
-    wire = tf.concat([sizes] + [tf.cast(p, tf.int64) for p in parts], 0)
+    wire = tf.concat([sizes] + [tf.reshape(tf.cast(p, tf.int64), [-1]) for p in parts], 0)
     with tf.device(device):
         pieces = tf.split(wire[n:], tf.reshape(wire[:n], [n]), num=n)
-        return [tf.cast(piece, p.dtype) for piece, p in zip(pieces, parts)]
+        return [
+            tf.reshape(tf.cast(piece, p.dtype), [-1] + p.shape[1:].as_list())
+            for piece, p in zip(pieces, parts)
+        ]
 
 
 def pack(tensors: list[tf.Tensor]) -> tf.Tensor:

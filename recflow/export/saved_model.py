@@ -3,7 +3,9 @@
 `serving_default` takes one raw column per feature and runs hashing,
 splitting, normalization and the table lookups in the graph. The export holds
 embedding rows only (no optimizer slots, no metadata) in core `DenseHashTable`s,
-so it loads with `tf.saved_model.load` in a process without recflow.
+so it loads with `tf.saved_model.load` in a process without recflow. Their keys
+are raw `(slot, id)` pairs (the id an int64 value or a string's fingerprint;
+`recflow.features.keys`), so a reader of the tables sees the ids it trained on.
 
 The version is the global step of the exported model, so versions are ordered
 by training progress (TF Serving serves the highest): a restart that replays
@@ -33,7 +35,7 @@ from recflow.atomic import staged_dir, write_json
 from recflow.config.convert import to_dict
 from recflow.embedding.table import empty_buckets, segment_buckets
 from recflow.errors import RecflowError
-from recflow.features.keys import DELETED_KEY, EMPTY_KEY
+from recflow.features.keys import DELETED_KEY, EMPTY_KEY, raw_keys
 from recflow.features.transform import serving_dtype, transform
 from recflow.models import identity
 from recflow.models.base import RankingModel, RetrievalModel
@@ -79,7 +81,7 @@ class ServingModule(tf.Module):
         self._dims = dims
 
         def read(i, keys):
-            return tf.reshape(self.tables[i].lookup(keys), [-1, dims[i]])
+            return tf.reshape(self.tables[i].lookup(raw_keys(keys)), [-1, dims[i]])
 
         def embed(raw):
             # A signature over some of the features (a retrieval side) feeds the others empty.

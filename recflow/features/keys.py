@@ -1,16 +1,22 @@
 """Raw values -> int64 ids -> table keys, and back.
 
-An id is 55 bits: strings are hashed with TensorFlow's stable 64-bit
-fingerprint (masked), int64 values keep their low 55 bits. A table key packs
-the slot of a logical table inside its physical table (8 bits) with the id,
-`slot << 55 | id`, and then mixes that 63-bit value with a bijection (a
-splitmix64-style finalizer restricted to 63 bits). Mixing makes small dense ids
-(0, 1, 2, ...) and the slots of a fused table spread over every bit, so the
-buckets of a `DenseHashTable` (which hashes an int64 key to itself) and the
-shards of a placement stay even. `decode` inverts the mix exactly.
+An id is a whole int64: an int64 value as it is, a string's 64-bit FarmHash
+fingerprint (`Fingerprint64`, the hash `tf.strings.to_hash_bucket_fast` reduces)
+bit-cast to int64. Nothing is masked: two distinct int64 ids of a feature never
+share a row, over the whole int64 range.
 
-Keys are never negative, so -1 and -2 are free to mark the empty and deleted
-buckets of a `DenseHashTable`.
+A table key is a pair of int64s, `(slot, mixed)`: `slot` is the logical table
+inside its physical table (>= 0) and `mixed = fmix64(id + slot * GOLDEN)`, where
+fmix64 is MurmurHash3's 64-bit finalizer, a bijection on 64 bits. For one slot,
+id -> mixed is a bijection, so distinct (slot, id) pairs always get distinct
+keys and `decode` recovers the id exactly. A `DenseHashTable` with vector keys
+(key shape [2], from its `empty_key`) holds them; `(-1, -1)` and `(-2, -2)`,
+impossible since slots are >= 0, mark its empty and deleted buckets.
+
+Mixing spreads small dense ids (0, 1, 2, ...) of every slot over all 64 bits of
+`mixed`, which the shard placement and a shard's segments read (even shards and
+segments), and it lets `unique_ids` find a batch's distinct keys with one
+1-D unique over `mixed` (a 2-D unique is ~10x slower here).
 """
 
 from __future__ import annotations
@@ -18,19 +24,19 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-ID_BITS = 55
-ID_MASK = (1 << ID_BITS) - 1
-MAX_SLOTS = 1 << (63 - ID_BITS)  # 256 logical tables per physical table
-EMPTY_KEY = -1
-DELETED_KEY = -2
-# Version of the key format, kept in checkpoints: 2 = mixed keys (1 had `slot << 55 | id` as is).
-KEY_FORMAT = 2
+KEY_WIDTH = 2  # (slot, mixed id)
+EMPTY_KEY = (-1, -1)
+DELETED_KEY = (-2, -2)
+# Logical tables per physical table: a bound on one fused chain for the planner. The key
+# itself takes any slot in [0, 2**63): it is a whole int64 column.
+MAX_SLOTS = 256
+# Version of the key format, kept in checkpoints. 1: `slot << 55 | id`; 2: a 63-bit mix of
+# that (ids cut to 55 bits); 3: (slot, fmix64(id + slot * GOLDEN)), every int64 id exact.
+KEY_FORMAT = 3
 
-_BITS = 63
-_MASK = (1 << _BITS) - 1
-# splitmix64's multipliers, reduced to 63 bits (still odd, so invertible mod 2**63).
-_MULTIPLIERS = (0xBF58476D1CE4E5B9 & _MASK, 0x94D049BB133111EB & _MASK)
-_SHIFTS = (30, 27, 31)
+_GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: each slot's offset is a multiple of it
+_MULTIPLIERS = (0xFF51AFD7ED558CCD, 0xC4CEB9FE1A85EC53)  # fmix64's (odd: invertible mod 2**64)
+_SHIFT = 33  # x ^ (x >> 33) is its own inverse on 64 bits
 
 
 def _inverse_mod_2_64(c: int) -> int:
@@ -40,81 +46,130 @@ def _inverse_mod_2_64(c: int) -> int:
     return inverse
 
 
-_INVERSES = tuple(_inverse_mod_2_64(c) & _MASK for c in _MULTIPLIERS)
+_INVERSES = tuple(_inverse_mod_2_64(c) for c in _MULTIPLIERS)
 
 
 def string_ids(values: tf.Tensor) -> tf.Tensor:
-    """Stable 55-bit ids of strings (the fingerprint64 of each string, masked)."""
-    return tf.strings.to_hash_bucket_fast(values, 1 << ID_BITS)
+    """Stable 64-bit ids of strings (rank 1): their `Fingerprint64`, bit-cast to int64."""
+    return tf.reshape(tf.bitcast(tf.fingerprint(values), tf.int64), [-1])
 
 
 def int_ids(values: tf.Tensor) -> tf.Tensor:
-    """55-bit ids of int64 values."""
-    return tf.bitwise.bitwise_and(tf.cast(values, tf.int64), ID_MASK)
+    """Ids of int64 values: the values themselves."""
+    return tf.cast(values, tf.int64)
 
 
-def _mix(x: tf.Tensor) -> tf.Tensor:
-    """The 63-bit bijection on non-negative int64 (computed in uint64, which wraps)."""
-    x = tf.bitcast(x, tf.uint64)
-    mask = tf.constant(_MASK, tf.uint64)
+def _uint(value: int) -> tf.Tensor:
+    return tf.constant(value, tf.uint64)
 
-    def xorshift(v, s):
-        return tf.bitwise.bitwise_xor(v, tf.bitwise.right_shift(v, tf.constant(s, tf.uint64)))
 
-    x = xorshift(x, _SHIFTS[0])
-    x = tf.bitwise.bitwise_and(x * tf.constant(_MULTIPLIERS[0], tf.uint64), mask)
-    x = xorshift(x, _SHIFTS[1])
-    x = tf.bitwise.bitwise_and(x * tf.constant(_MULTIPLIERS[1], tf.uint64), mask)
-    x = xorshift(x, _SHIFTS[2])
+def _xorshift(x: tf.Tensor) -> tf.Tensor:
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, _uint(_SHIFT)))
+
+
+def _mix(ids: tf.Tensor, slots: tf.Tensor) -> tf.Tensor:
+    """fmix64(id + slot * GOLDEN) on int64 tensors (computed in uint64, which wraps)."""
+    x = tf.bitcast(ids, tf.uint64) + tf.bitcast(slots, tf.uint64) * _uint(_GOLDEN)
+    x = _xorshift(x)
+    x = _xorshift(x * _uint(_MULTIPLIERS[0]))
+    x = _xorshift(x * _uint(_MULTIPLIERS[1]))
     return tf.bitcast(x, tf.int64)
 
 
+def _unmix(mixed: tf.Tensor, slots: tf.Tensor) -> tf.Tensor:
+    """The inverse of `_mix` for known slots: the ids."""
+    x = _xorshift(tf.bitcast(mixed, tf.uint64))
+    x = _xorshift(x * _uint(_INVERSES[1]))
+    x = _xorshift(x * _uint(_INVERSES[0]))
+    return tf.bitcast(x - tf.bitcast(slots, tf.uint64) * _uint(_GOLDEN), tf.int64)
+
+
+def _check_slot(slot: int) -> None:
+    if not 0 <= slot < 2**63:
+        raise ValueError(f"slot must be a non-negative int64. Received: slot={slot}")
+
+
 def encode(ids: tf.Tensor, slot: int) -> tf.Tensor:
-    """Table keys of 55-bit ids read through logical table `slot`."""
-    if not 0 <= slot < MAX_SLOTS:
-        raise ValueError(f"slot must be in [0, {MAX_SLOTS}). Received: slot={slot}")
-    if slot:
-        ids = tf.bitwise.bitwise_or(ids, tf.constant(slot << ID_BITS, tf.int64))
-    return _mix(ids)
+    """Table keys [n, 2] of int64 ids [n] read through logical table `slot`."""
+    _check_slot(slot)
+    slots = tf.fill(tf.shape(ids), tf.constant(slot, tf.int64))
+    return tf.stack([slots, _mix(ids, slots)], axis=1)
 
 
-def encode_parts(parts: list[tf.Tensor], slots: list[int]) -> tf.Tensor:
-    """Table keys of several id vectors, `parts[i]` read through logical table `slots[i]`,
-    concatenated: `concat([encode(p, s) for p, s in zip(parts, slots)])` in one mix."""
+def mixed(keys: tf.Tensor) -> tf.Tensor:
+    """The mixed ids [n] of table keys [n, 2]: even over all 64 bits (placement, segments)."""
+    return keys[:, 1]
+
+
+def unique_ids(parts: list[tf.Tensor], slots: list[int]):
+    """The distinct table keys of several id vectors, `parts[i]` read through logical table
+    `slots[i]`: `unique_with_counts(concat([encode(p, s) for p, s in zip(parts, slots)]))`,
+    without building the keys of every id (only the distinct ones)."""
     for slot in slots:
-        if not 0 <= slot < MAX_SLOTS:
-            raise ValueError(f"slot must be in [0, {MAX_SLOTS}). Received: slot={slot}")
-    if len(parts) == 1:
-        return encode(parts[0], slots[0])
-    ids = tf.concat(parts, axis=0)
-    if any(slots):
-        bits = tf.constant([s << ID_BITS for s in slots], tf.int64)
-        sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in parts])
-        ids = tf.bitwise.bitwise_or(ids, tf.repeat(bits, sizes))
-    return _mix(ids)
+        _check_slot(slot)
+    ids = parts[0] if len(parts) == 1 else tf.concat(parts, 0)
+    if len(set(slots)) == 1:
+        column = tf.constant(slots[0], tf.int64)
+        values, index, counts = tf.unique_with_counts(_mix(ids, column))
+        return tf.stack([tf.fill(tf.shape(values), column), values], axis=1), index, counts
+    sizes = tf.stack([tf.size(p, out_type=tf.int64) for p in parts])
+    column = tf.repeat(tf.constant(slots, tf.int64), sizes)
+    return _unique(column, _mix(ids, column))
 
 
-def _unxorshift(y: np.ndarray, s: int) -> np.ndarray:
-    x = y.copy()
-    for _ in range(_BITS // s + 1):
-        x = y ^ (x >> np.uint64(s))
-    return x
+def unique_with_counts(keys: tf.Tensor, one_slot: bool = False):
+    """(distinct keys [U, 2], position in them of each key [n] int32, counts [U] int32).
+
+    Args:
+        keys: table keys [n, 2].
+        one_slot: every key has the same slot (a physical table of one logical table).
+    """
+    if one_slot:  # the mixed id is a bijection of the id: a 1-D unique is exact
+        values, index, counts = tf.unique_with_counts(mixed(keys))
+        return tf.stack([keys[: tf.size(values), 0], values], axis=1), index, counts
+    return _unique(keys[:, 0], mixed(keys))
+
+
+def _unique(column: tf.Tensor, mixed_ids: tf.Tensor):
+    """`unique_with_counts` of the keys `(column[i], mixed_ids[i])`, slots of several tables.
+
+    One 1-D unique over the mixed ids finds the distinct keys: for one slot the
+    mixed id is a bijection of the id, so it is exact. Keys of several slots can
+    share a mixed id (for random ids, two given keys with probability 2**-64), so
+    every key's slot is compared with its group's; a mismatch (never seen in
+    practice) redoes the unique over whole keys, which is exact and ~10x slower.
+    Either way the distinct keys come in the order of their first occurrence.
+    """
+    values, index, counts = tf.unique_with_counts(mixed_ids)
+    slots = tf.math.unsorted_segment_max(column, index, tf.size(values))
+    exact = tf.reduce_all(tf.equal(tf.gather(slots, index), column))
+
+    def whole_keys():
+        keys = tf.stack([column, mixed_ids], axis=1)
+        y, idx, count = tf.raw_ops.UniqueWithCountsV2(x=keys, axis=[0])
+        return tf.reshape(y, [-1, KEY_WIDTH]), idx, count
+
+    return tf.cond(exact, lambda: (tf.stack([slots, values], axis=1), index, counts), whole_keys)
+
+
+def unique(keys: tf.Tensor, one_slot: bool = False):
+    """(distinct keys [U, 2], position in them of each key [n] int32); see `unique_with_counts`."""
+    distinct, index, _ = unique_with_counts(keys, one_slot)
+    return distinct, index
+
+
+def raw_keys(keys: tf.Tensor) -> tf.Tensor:
+    """Table keys [n, 2] -> (slot, raw id) pairs [n, 2] (what an export's tables hold)."""
+    return tf.stack([keys[:, 0], _unmix(keys[:, 1], keys[:, 0])], axis=1)
 
 
 def decode(keys) -> tuple[np.ndarray, np.ndarray]:
-    """Table keys (numpy or eager tensor) -> (slot, 55-bit id), both int64 numpy arrays."""
-    x = np.asarray(keys, np.int64).astype(np.uint64)
-    mask = np.uint64(_MASK)
-    with np.errstate(over="ignore"):
-        x = _unxorshift(x, _SHIFTS[2])
-        x = (x * np.uint64(_INVERSES[1])) & mask
-        x = _unxorshift(x, _SHIFTS[1])
-        x = (x * np.uint64(_INVERSES[0])) & mask
-        x = _unxorshift(x, _SHIFTS[0])
-    x = x.astype(np.int64)
-    return x >> ID_BITS, x & ID_MASK
+    """Table keys [n, 2] (numpy or eager tensor) -> (slot, raw id), both int64 numpy arrays."""
+    keys = tf.reshape(tf.convert_to_tensor(np.asarray(keys, np.int64)), [-1, KEY_WIDTH])
+    raw = raw_keys(keys).numpy()
+    return raw[:, 0], raw[:, 1]
 
 
 def slot_of(keys) -> np.ndarray:
-    """The logical-table slot of table keys (numpy)."""
-    return decode(keys)[0]
+    """The logical-table slot of table keys [n, 2] (numpy)."""
+    return np.asarray(keys, np.int64).reshape(-1, KEY_WIDTH)[:, 0]
