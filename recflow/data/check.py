@@ -15,7 +15,6 @@ delimiters, blank lines ignored.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import math
 import re
@@ -100,7 +99,7 @@ def _read(config: Config, files: list[str], limit: int | None):
     for file in files:
         header = sources.read_header(file, options)
         with open(file, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f, delimiter=options.delimiter)
+            reader = sources.csv_reader(f, options.delimiter)
             if options.header:
                 next(reader, None)
             first = 2 if options.header else 1

@@ -204,6 +204,12 @@ def not_text(file: str) -> str | None:
     return None
 
 
+def csv_reader(f, delimiter: str):
+    """`csv.reader` without its 128 KiB field limit (training reads any line length)."""
+    csv.field_size_limit(2**31 - 1)
+    return csv.reader(f, delimiter=delimiter)
+
+
 def read_header(file: str, options: CsvOptions) -> list[str]:
     """The column names of a CSV file: its first line, or `csv.columns`.
 
@@ -218,7 +224,7 @@ def read_header(file: str, options: CsvOptions) -> list[str]:
         return list(options.columns or ())
     try:
         with open(file, encoding="utf-8-sig", newline="") as f:
-            row = next(csv.reader(f, delimiter=options.delimiter), None)
+            row = next(csv_reader(f, options.delimiter), None)
     except OSError as e:
         raise DataError(f"{file}: cannot read ({e.strerror})") from None
     except (UnicodeDecodeError, csv.Error) as e:

@@ -26,6 +26,7 @@ from recflow.data.sources import (
     DIGITS,
     INT64_TEXT,
     NUMBER_OR_SPECIAL,
+    csv_reader,
     delimiter_hint,
     leading_values,
     not_text,
@@ -62,7 +63,7 @@ def _read_csv(
     delimiter = options.get("delimiter") or ","
     header_line = options.get("header", True)
     with _open_text(path) as f:
-        reader = csv.reader(f, delimiter=delimiter)
+        reader = csv_reader(f, delimiter)
         try:
             if header_line:
                 header = [h.strip() for h in next(reader, [])]
