@@ -12,9 +12,12 @@ import logging
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tf_keras as keras
 
 from recflow.config import config_from_dict
+from recflow.data.consumed import scan
+from recflow.data.writer import write_columns
 from recflow.embedding.report import restore_engine
 from recflow.training import follow as follow_lib
 from recflow.training.trainer import Trainer
@@ -213,3 +216,39 @@ def test_a_model_dir_of_an_earlier_recflow_keeps_its_consumed_files(tmp_path, mo
     summary, done = run_follow(monkeypatch, config, [lambda: append(stream, rows(32, 16))])
     assert done == [(str(stream), 16, 1)]
     assert users(tmp_path / "run") == set(range(1032, 1048))
+
+
+def test_scan_counts_whole_records_of_each_format(tmp_path):
+    csv_path = tmp_path / "a.csv"
+    csv_path.write_text(HEADER + rows(0, 3) + "1,10", encoding="utf-8")  # a partial last line
+    first = scan(str(csv_path), "csv", True, None).complete
+    assert (first.records, first.size) == (3, len(HEADER + rows(0, 3)))
+    append(csv_path, "99,i1\n")
+    grown = scan(str(csv_path), "csv", True, first)
+    assert grown.rewritten is None and grown.complete.records == 4
+    assert scan(str(csv_path), "csv", True, grown.complete).complete == grown.complete  # nothing new
+    csv_path.write_text(HEADER, encoding="utf-8")
+    assert scan(str(csv_path), "csv", True, None).complete.records == 0  # a header is no record
+    assert scan(str(csv_path), "csv", True, grown.complete).rewritten.startswith("it shrank from")
+
+    frames = tmp_path / "a.tfrecord"
+    with tf.io.TFRecordWriter(str(frames)) as writer:
+        for payload in (b"x", b"yy", b"zzz"):
+            writer.write(payload)
+    whole = frames.read_bytes()  # frames of 1 + 16, 2 + 16 and 3 + 16 bytes
+    frames.write_bytes(whole[:-5])
+    partial = scan(str(frames), "tfrecord", False, None).complete
+    assert (partial.records, partial.size) == (2, 17 + 18)
+    frames.write_bytes(whole)
+    assert scan(str(frames), "tfrecord", False, partial).complete.records == 3
+
+    table = tmp_path / "a.parquet"
+    write_columns(str(table), {"click": np.array([0, 1])}, "parquet")
+    content = table.read_bytes()
+    table.write_bytes(content[: len(content) // 2])
+    assert scan(str(table), "parquet", False, None).complete is None  # no footer yet
+    table.write_bytes(content)
+    done = scan(str(table), "parquet", False, None).complete
+    assert done.records == 1 and done.size == len(content)
+    table.write_bytes(content + b"PAR1")
+    assert scan(str(table), "parquet", False, done).rewritten == "a Parquet file changed"

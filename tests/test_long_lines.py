@@ -29,14 +29,17 @@ def test_first_values_keeps_the_first_limit_plus_one_values(separator, limit):
     for _ in range(200):
         tokens = [("" if rng.random() < 0.3 else f"v{rng.integers(100)}") for _ in range(rng.integers(0, 25))]
         texts.append(separator.join(tokens))
-    got = [t.decode() for t in first_values(tf.constant(texts), separator, limit).numpy()]
-    for text, cut in zip(texts, got):
+    cut = first_values(tf.constant(texts), separator, limit, longer_than=0).numpy()
+    got = [t.decode() for t in cut]
+    for text, kept in zip(texts, got):
         values = [t for t in text.split(separator) if t]
         if len(values) > limit + 1:
-            assert cut == python_first(text, separator, limit), text
+            assert kept == python_first(text, separator, limit), text
         else:  # not cut: the same values (the text itself when it is short)
-            assert [t for t in cut.split(separator) if t] == values, text
+            assert [t for t in kept.split(separator) if t] == values, text
         assert leading_values(text, separator, limit) == values[: limit + 1], text
+    short = first_values(tf.constant(texts), separator, limit).numpy()  # all under 4 KiB
+    assert [t.decode() for t in short] == texts
 
 
 def long_text(count: int) -> str:
@@ -65,7 +68,7 @@ def test_a_long_line_is_cut_before_it_is_split(tmp_path, fmt):
     got_tags = [t.decode() for t in features["tags"].numpy()]
     assert got_tags == ["a|b", "|".join(f"t{i}" for i in range(8)), "", "x||y|z"]
     got_hist = [t.decode() for t in features["hist"].numpy()]
-    assert got_hist == ["t0|t1|t2|t3", "h1", "h1|h2|h3|h4", ""]
+    assert got_hist == ["t0|t1|t2|t3", "h1", "h1|h2|h3|h4|h5", ""]  # a short row: the transform cuts it
 
     counts: dict = {}
     ids = transform(config, features, counts)

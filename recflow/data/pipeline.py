@@ -37,6 +37,7 @@ NONFINITE = "/nonfinite"  # features key: count of non-finite numeric values in 
 TRUNCATED = "/truncated"  # transformed features key: multi_hot rows cut to max_values
 FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
 SHUFFLE_BLOCK = 256  # records shuffled as one block (see `batched`)
+LONG_ROW = 4096  # bytes: a multi-valued value this long is cut before it is split (`first_values`)
 # A validity check of a batch: (ok [batch] bool, row index -> scalar reason string).
 Check = tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]
 
@@ -392,36 +393,46 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
     return _first(x, float("nan")) if ragged else x
 
 
-def first_values(text: tf.Tensor, separator: str, limit: int) -> tf.Tensor:
+def first_values(
+    text: tf.Tensor, separator: str, limit: int, longer_than: int = LONG_ROW
+) -> tf.Tensor:
     """[batch] separator-joined values, each row cut to its first `limit + 1` non-empty
     values (joined by `separator`) without splitting the whole row.
 
     The transform splits a multi_hot or sequence row, drops empty values and keeps
     the first `max_values` / `max_len`; splitting a row of millions of values costs
-    memory per value, so the reader cuts first. Only rows long enough to hold more
-    than `limit + 1` values are touched: in them, runs of separators become one (a
+    memory per value, so the reader cuts first. Only rows of at least `longer_than`
+    bytes that can hold more than `limit + 1` values are touched (a shorter row costs
+    the transform little to split): in them, runs of separators become one (a
     value never holds the separator), a split stops after `limit + 2` pieces (the
     rest of the row stays one piece, dropped), and the first `limit + 1` non-empty
     pieces are joined again. One more value than kept is left, so the transform
     still sees, and counts, a row it cuts.
 
-        "a||b|c|d|e"  limit 2  ->  "a|b|c"
+        "a||b|c|d|e"  limit 2, longer_than 0  ->  "a|b|c"
 
     Args:
         text: [batch] string.
         separator: the feature's separator.
         limit: the values the feature keeps.
+        longer_than: bytes; shorter rows are left as they are.
     """
     width = len(separator.encode("utf-8"))
-    shortest = (limit + 2) * (1 + width) - width  # bytes of limit + 2 one-byte values
-    long_rows = tf.where(tf.strings.length(text) >= shortest)
-    rows = tf.gather_nd(text, long_rows)
+    shortest = max((limit + 2) * (1 + width) - width, longer_than)  # limit + 2 one-byte values
     run = "(?:" + "".join(f"\\x{{{ord(c):x}}}" for c in separator) + "){2,}"
-    single = tf.strings.regex_replace(rows, run, separator.replace("\\", "\\\\"))
-    pieces = tf.strings.split(single, sep=separator, maxsplit=limit + 2)[:, : limit + 2]
-    values = tf.ragged.boolean_mask(pieces, tf.strings.length(pieces) > 0)[:, : limit + 1]
-    cut = tf.strings.reduce_join(values, axis=1, separator=separator)
-    return tf.tensor_scatter_nd_update(text, long_rows, cut)
+
+    def cut():
+        long_rows = tf.where(tf.strings.length(text) >= shortest)
+        rows = tf.gather_nd(text, long_rows)
+        single = tf.strings.regex_replace(rows, run, separator.replace("\\", "\\\\"))
+        pieces = tf.strings.split(single, sep=separator, maxsplit=limit + 2)[:, : limit + 2]
+        values = tf.ragged.boolean_mask(pieces, tf.strings.length(pieces) > 0)[:, : limit + 1]
+        joined = tf.strings.reduce_join(values, axis=1, separator=separator)
+        return tf.tensor_scatter_nd_update(text, long_rows, joined)
+
+    # A batch without a long row (the usual one) costs one length and one branch.
+    any_long = tf.reduce_any(tf.strings.length(text) >= shortest)
+    return tf.cond(any_long, cut, lambda: tf.identity(text))
 
 
 def _first(x: tf.RaggedTensor, default) -> tf.Tensor:
