@@ -200,7 +200,8 @@ def not_text(file: str) -> str | None:
                 f"UTF-16 text ({order}-endian, no byte order mark); recflow reads plain UTF-8 CSV: "
                 f"convert it to UTF-8 first (iconv -f UTF-16{order[0].upper()}E -t UTF-8)"
             )
-        return "binary data (NUL bytes), not CSV text"
+        if zeros * 100 >= len(head):
+            return "binary data (NUL bytes), not CSV text"
     return None
 
 
@@ -254,14 +255,15 @@ def check_columns(
     With the CSV `delimiter` the header was split by, a column found in the header
     under another separator names that separator (`data.csv.delimiter`).
     """
-    present = list(available)
+    names = list(available)
+    present = set(names)
     for need in uses:
         if need.column not in present:
-            hint = delimiter_hint(need.column, present, delimiter) if delimiter else ""
+            hint = delimiter_hint(need.column, names, delimiter) if delimiter else ""
             raise DataError(f"{file}: missing column '{need.column}' (needed by {need.who}){hint}")
 
 
-_DELIMITERS = {",": "','", ";": "';'", "\t": "tabs", "|": "'|'", ":": "':'", " ": "spaces"}
+_DELIMITERS = {",": "','", ";": "';'", "\t": "tabs", "|": "'|'"}  # the usual ones, as named
 
 
 def delimiter_hint(column: str, names: list[str], delimiter: str) -> str:

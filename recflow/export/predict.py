@@ -16,7 +16,8 @@ import csv
 import gzip
 import os
 import re
-from collections.abc import Iterator
+from array import array
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
@@ -47,19 +48,20 @@ def _export_config(export_dir: str) -> dict:
 
 def _open_text(path: str):
     """The file as text: plain UTF-8, or gzip-compressed (decompressed as it is read)."""
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
     problem = not_text(path)
-    if problem is None:
-        return open(path, newline="", encoding="utf-8-sig")
-    if problem.startswith("a gzip"):
-        return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
-    raise DataError(f"{path}: {problem}")
+    if problem is not None:
+        raise DataError(f"{path}: {problem}")
+    return open(path, newline="", encoding="utf-8-sig")
 
 
 def _read_csv(
     path: str, options: dict, sources: dict[str, str]
-) -> tuple[dict[str, list[str]], list[str]]:
+) -> tuple[dict[str, list[str]], array]:
     """Column values (stripped) of the inputs, read with the training CSV settings, and
-    where each row is (`{path}: line {n}`)."""
+    the line number of each row."""
     delimiter = options.get("delimiter") or ","
     header_line = options.get("header", True)
     with _open_text(path) as f:
@@ -77,7 +79,7 @@ def _read_csv(
                     )
             index = {name: header.index(column) for name, column in sources.items()}
             columns: dict[str, list[str]] = {name: [] for name in sources}
-            rows: list[str] = []
+            lines = array("q")  # 8 bytes a row
             for row in reader:
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue  # blank lines are ignored, as in training
@@ -87,23 +89,22 @@ def _read_csv(
                     )
                 for name, i in index.items():
                     columns[name].append(row[i].strip())
-                rows.append(f"{path}: line {reader.line_num}")
+                lines.append(reader.line_num)
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: not UTF-8 text after line {reader.line_num} ({e.reason})") from None
         except csv.Error as e:
             raise DataError(f"{path}: line {reader.line_num}: {e}") from None
-    return columns, rows
+    return columns, lines
 
 
-def _read_parquet(path: str, sources: dict[str, str]) -> tuple[dict[str, list], list[str]]:
+def _read_parquet(path: str, sources: dict[str, str]) -> dict[str, list]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
     for name, column in sources.items():
         if column not in table.column_names:
             raise DataError(f"{path}: missing column {column!r} (input {name!r} of the model)")
-    columns = {name: table.column(column).to_pylist() for name, column in sources.items()}
-    return columns, [f"{path}: row {i + 1}" for i in range(table.num_rows)]
+    return {name: table.column(column).to_pylist() for name, column in sources.items()}
 
 
 _INT64 = re.compile(INT64_TEXT)
@@ -111,9 +112,9 @@ _DIGITS = re.compile(DIGITS)
 _NUMBER = re.compile(NUMBER_OR_SPECIAL)
 
 
-def _typed(name: str, column: str, values: list, dtype: tf.DType, rows: list[str]) -> np.ndarray:
+def _typed(name: str, column: str, values: list, dtype: tf.DType, where: Callable) -> np.ndarray:
     """One input's values in its serving dtype, read as training reads them; a bad value
-    names its row and column."""
+    names its row (`where(index)`) and column."""
     if dtype == tf.string:
         return np.array(["" if v is None else str(v) for v in values], dtype=object)
     floats = dtype == tf.float32
@@ -126,10 +127,10 @@ def _typed(name: str, column: str, values: list, dtype: tf.DType, rows: list[str
         elif (_NUMBER if floats else _INT64).fullmatch(v):
             out[i] = float(v) if floats else int(v)
         else:
-            where = f"{rows[i]}: column {column!r} (input {name!r})"
+            at = f"{where(i)}: column {column!r} (input {name!r})"
             if not floats and _DIGITS.fullmatch(v):
-                raise DataError(f"{where}: {v!r} does not fit in int64")
-            raise DataError(f"{where}: expected {'a number' if floats else 'an integer'}, got {v!r}")
+                raise DataError(f"{at}: {v!r} does not fit in int64")
+            raise DataError(f"{at}: expected {'a number' if floats else 'an integer'}, got {v!r}")
     return out
 
 
@@ -175,17 +176,20 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
     features = {f["name"]: f for f in config.get("features", [])}
     sources = {name: features.get(name, {}).get("column") or name for name in sorted(specs)}
     if _is_parquet(data_file):
-        raw, rows = _read_parquet(data_file, sources)
+        raw = _read_parquet(data_file, sources)
+        where = lambda i: f"{data_file}: row {i + 1}"  # noqa: E731
     else:
-        raw, rows = _read_csv(data_file, (config.get("data") or {}).get("csv") or {}, sources)
+        raw, lines = _read_csv(data_file, (config.get("data") or {}).get("csv") or {}, sources)
+        where = lambda i: f"{data_file}: line {lines[i]}"  # noqa: E731
     columns = {
-        n: _typed(n, sources[n], _cut(raw[n], features.get(n, {})), specs[n].dtype, rows)
+        n: _typed(n, sources[n], _cut(raw[n], features.get(n, {})), specs[n].dtype, where)
         for n in sources
     }
     outputs = sorted(serve.structured_outputs)
     if len(outputs) > 1:
         yield ",".join(outputs)
-    for start in range(0, len(rows), batch_size):
+    rows = len(next(iter(columns.values()))) if columns else 0
+    for start in range(0, rows, batch_size):
         batch = {n: tf.constant(c[start : start + batch_size], specs[n].dtype) for n, c in columns.items()}
         result = serve(**batch)
         texts = [_format(result[o].numpy()) for o in outputs]
