@@ -1,7 +1,8 @@
 """`recflow data check`: one pass over CSV training data, no training, no TensorFlow.
 
 Per feature: parse failures, empty rate, distinct values (exact up to
-`EXACT_DISTINCT`, then a k-minimum-values estimate), min/max/mean of numbers,
+`EXACT_DISTINCT`, then a k-minimum-values estimate; of a multi_hot or sequence
+column, the ids training keeps: a row's first `max_values` / `max_len`), min/max/mean of numbers,
 non-finite numbers, multi_hot rows over `max_values`. Per label: value counts.
 Then `problems`: what `recflow train` would refuse (bad-row fraction above
 `data.max_bad_fraction`, a binary label other than 0/1, ids beyond int64, no
@@ -14,7 +15,6 @@ delimiters, blank lines ignored.
 
 from __future__ import annotations
 
-import csv
 import hashlib
 import math
 import re
@@ -99,7 +99,7 @@ def _read(config: Config, files: list[str], limit: int | None):
     for file in files:
         header = sources.read_header(file, options)
         with open(file, newline="", encoding="utf-8-sig") as f:
-            reader = csv.reader(f, delimiter=options.delimiter)
+            reader = sources.csv_reader(f, options.delimiter)
             if options.header:
                 next(reader, None)
             first = 2 if options.header else 1
@@ -124,8 +124,11 @@ def check(config: Config, rows: int | None = None) -> dict:
     if config.data.format != "csv":
         raise DataError(f"data check: reads CSV files; data.format is {config.data.format!r}")
     files = sources.expand(config.data.train, "data.train")
+    options = config.data.csv
     for file in files:
-        sources.check_columns(file, sources.read_header(file, config.data.csv), sources.needs(config))
+        header = sources.read_header(file, options)
+        delimiter = options.delimiter if options.header else None
+        sources.check_columns(file, header, sources.needs(config), delimiter)
     stats = [ColumnStats(need.who, need.column, need.kind) for need in sources.needs(config)]
     needs = sources.needs(config)
     by_feature = {f"feature '{f.name}'": f for f in config.features}
@@ -169,10 +172,12 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
             return f"label '{need.column}': expected a number, got '{text}'"
         st.counts[f"{value:g}"] += 1
         return None
-    if need.separator is not None:  # multi_hot / sequence: count the ids, not the lists
-        for token in text.split(need.separator):
-            if token:
-                st.distinct.add(token)
+    if need.separator is not None:  # multi_hot / sequence: count the ids training keeps
+        values = sources.leading_values(text, need.separator, need.limit)
+        if len(values) > need.limit and isinstance(feature, MultiHotFeature):
+            st.over_max += 1
+        for value in values[: need.limit]:
+            st.distinct.add(value)
     else:
         st.distinct.add(text)
     if need.kind == sources.INT64:
@@ -193,9 +198,6 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
         else:
             st.nonfinite += 1
         return None
-    if isinstance(feature, MultiHotFeature):
-        if len([t for t in text.split(feature.separator) if t]) > feature.max_values:
-            st.over_max += 1
     return None
 
 

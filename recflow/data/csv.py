@@ -39,7 +39,12 @@ def _char_re(char: str) -> str:
 
 
 def dataset(
-    config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool
+    config: Config,
+    files: Sequence[str],
+    *,
+    epochs: int | None,
+    shuffle: bool,
+    rows: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """The CSV dataset of `files` (see `recflow.data.make_file_dataset`).
 
@@ -55,7 +60,7 @@ def dataset(
     for i, name in enumerate(header):
         position.setdefault(name, i)
     uses = pipeline.unique(sources.needs(config))
-    sources.check_columns(files[0], header, uses)
+    sources.check_columns(files[0], header, uses, options.delimiter if options.header else None)
     selected = sorted({position[u.column] for u in uses})
     slot = {index: k for k, index in enumerate(selected)}
     skip = 1 if options.header else 0
@@ -66,6 +71,7 @@ def dataset(
         first=skip + 1,
         shuffle=shuffle,
         seed=config.data.seed,
+        rows=rows,
     )
     ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
     delimiter = options.delimiter
@@ -141,6 +147,8 @@ def _convert(
     """
     text = tf.strings.strip(raw)
     if use.kind == STRING:
+        if use.separator is not None and use.limit:
+            text = pipeline.first_values(text, use.separator, use.limit)
         return text, None, None
     empty = tf.equal(text, "")
     if use.kind == INT64:

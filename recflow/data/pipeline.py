@@ -37,6 +37,7 @@ NONFINITE = "/nonfinite"  # features key: count of non-finite numeric values in 
 TRUNCATED = "/truncated"  # transformed features key: multi_hot rows cut to max_values
 FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
 SHUFFLE_BLOCK = 256  # records shuffled as one block (see `batched`)
+LONG_ROW = 4096  # bytes: a multi-valued value this long is cut before it is split (`first_values`)
 # A validity check of a batch: (ok [batch] bool, row index -> scalar reason string).
 Check = tuple[tf.Tensor, Callable[[tf.Tensor], tf.Tensor]]
 
@@ -72,7 +73,12 @@ def make_dataset(
 
 @tf.autograph.experimental.do_not_convert  # builds a pipeline; may run in a tf.function
 def make_file_dataset(
-    config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool | None = None
+    config: Config,
+    files: Sequence[str],
+    *,
+    epochs: int | None,
+    shuffle: bool | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """The dataset of explicit files of the configured format, in the given order.
 
@@ -81,6 +87,9 @@ def make_file_dataset(
         files: the files; with shuffle off they are read in this order.
         epochs: passes over the files; None repeats forever.
         shuffle: defaults to `data.shuffle`.
+        rows: `(start, stop)`: only records `start` to `stop - 1` (0-based, a CSV
+            header not counted) of the one file (CSV or TFRecord); messages keep
+            the file's own line / record numbers. `--follow` reads appended rows so.
     """
     files = [str(f) for f in files]
     if not files:
@@ -96,7 +105,11 @@ def make_file_dataset(
         from recflow.data import parquet as reader
     else:
         raise DataError(f"data.format: {fmt!r} has no files; use make_dataset")
-    return reader.dataset(config, files, epochs=epochs, shuffle=shuffle)
+    if rows is None:
+        return reader.dataset(config, files, epochs=epochs, shuffle=shuffle)
+    if len(files) != 1 or fmt == "parquet":
+        raise ValueError(f"rows: reads a range of one CSV or TFRecord file, got {len(files)} {fmt} file(s)")
+    return reader.dataset(config, files, epochs=epochs, shuffle=shuffle, rows=rows)
 
 
 @tf.autograph.experimental.do_not_convert  # builds a pipeline; may run in a tf.function
@@ -152,6 +165,7 @@ def numbered(
     first: int,
     shuffle: bool,
     seed: int,
+    rows: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """Records of all files as `(key, record)`, key = file index * FILE_STRIDE + number.
 
@@ -165,7 +179,12 @@ def numbered(
         shuffle: shuffle the file order (each epoch) and read 4 files interleaved;
             otherwise read the files one after the other.
         seed: the shuffle seed.
+        rows: `(start, stop)`: only records `start` to `stop - 1` of the one file.
     """
+    if rows is not None:
+        start, stop = rows
+        records = reader(tf.constant(files[0])).skip(start).take(stop - start)
+        return records.enumerate(start=first + start)
     if len(files) == 1:
         return reader(tf.constant(files[0])).enumerate(start=first)
     ds = tf.data.Dataset.from_tensor_slices(
@@ -337,7 +356,8 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
     """Converts a typed column ([batch], or ragged [batch, None]) to its raw form.
 
     A ragged column (a TFRecord list) gives its first value, or the default when
-    empty; for a multi_hot/sequence feature its values are joined instead.
+    empty; for a multi_hot/sequence feature its values are joined instead, and cut
+    to the feature's first `limit + 1` values (`first_values`).
 
     Raises:
         DataError: the stored type cannot give the needed one (strings for a number).
@@ -352,9 +372,11 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
     if use.kind == STRING:
         if dtype != tf.string:
             x = tf.strings.as_string(x)
-        if ragged and use.separator is not None:
-            return tf.strings.reduce_join(x, axis=1, separator=use.separator)
-        return _first(x, "") if ragged else x
+        if use.separator is None:
+            return _first(x, "") if ragged else x
+        if ragged:
+            x = tf.strings.reduce_join(x, axis=1, separator=use.separator)
+        return first_values(x, use.separator, use.limit) if use.limit else x
     if dtype == tf.string or not (dtype.is_integer or dtype.is_floating or dtype == tf.bool):
         expected = "int64" if use.kind == INT64 else "numbers"
         raise DataError(
@@ -369,6 +391,48 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
         return _first(x, -1) if ragged else x
     x = tf.cast(x, tf.float32)
     return _first(x, float("nan")) if ragged else x
+
+
+def first_values(
+    text: tf.Tensor, separator: str, limit: int, longer_than: int = LONG_ROW
+) -> tf.Tensor:
+    """[batch] separator-joined values, each row cut to its first `limit + 1` non-empty
+    values (joined by `separator`) without splitting the whole row.
+
+    The transform splits a multi_hot or sequence row, drops empty values and keeps
+    the first `max_values` / `max_len`; splitting a row of millions of values costs
+    memory per value, so the reader cuts first. Only rows of at least `longer_than`
+    bytes that can hold more than `limit + 1` values are touched (a shorter row costs
+    the transform little to split): in them, runs of separators become one (a
+    value never holds the separator), a split stops after `limit + 2` pieces (the
+    rest of the row stays one piece, dropped), and the first `limit + 1` non-empty
+    pieces are joined again. One more value than kept is left, so the transform
+    still sees, and counts, a row it cuts.
+
+        "a||b|c|d|e"  limit 2, longer_than 0  ->  "a|b|c"
+
+    Args:
+        text: [batch] string.
+        separator: the feature's separator.
+        limit: the values the feature keeps.
+        longer_than: bytes; shorter rows are left as they are.
+    """
+    width = len(separator.encode("utf-8"))
+    shortest = max((limit + 2) * (1 + width) - width, longer_than)  # limit + 2 one-byte values
+    run = "(?:" + "".join(f"\\x{{{ord(c):x}}}" for c in separator) + "){2,}"
+
+    def cut():
+        long_rows = tf.where(tf.strings.length(text) >= shortest)
+        rows = tf.gather_nd(text, long_rows)
+        single = tf.strings.regex_replace(rows, run, separator.replace("\\", "\\\\"))
+        pieces = tf.strings.split(single, sep=separator, maxsplit=limit + 2)[:, : limit + 2]
+        values = tf.ragged.boolean_mask(pieces, tf.strings.length(pieces) > 0)[:, : limit + 1]
+        joined = tf.strings.reduce_join(values, axis=1, separator=separator)
+        return tf.tensor_scatter_nd_update(text, long_rows, joined)
+
+    # A batch without a long row (the usual one) costs one length and one branch.
+    any_long = tf.reduce_any(tf.strings.length(text) >= shortest)
+    return tf.cond(any_long, cut, lambda: tf.identity(text))
 
 
 def _first(x: tf.RaggedTensor, default) -> tf.Tensor:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import codecs
 import csv
 import glob
+import json
 import os
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -58,6 +60,9 @@ class Need:
             `label` (float32, must be a number).
         who: for messages, e.g. `feature 'price'` or `label`.
         separator: the separator of a multi_hot or sequence feature, else None.
+        limit: the values a multi_hot (`max_values`) or sequence (`max_len`) feature
+            keeps; the reader cuts a longer value to its first `limit + 1` values
+            before anything splits it (the transform then counts and cuts the row).
         positive: for a label, the raw values (stripped) that are 1 (every other
             value is 0), or None for a numeric label.
         binary: a label of a binary head: any value other than 0 or 1 stops the input.
@@ -69,11 +74,12 @@ class Need:
     separator: str | None = None
     positive: tuple[str, ...] | None = None
     binary: bool = False
+    limit: int | None = None
 
     @property
     def key(self) -> tuple:
         """Identifies one decoded column; uses with equal keys share it."""
-        return (self.column, self.kind, self.separator, self.positive)
+        return (self.column, self.kind, self.separator, self.positive, self.limit)
 
 
 def raw_kind(feature: Feature) -> str:
@@ -89,10 +95,30 @@ def raw_kind(feature: Feature) -> str:
     return STRING
 
 
+def value_limit(feature: Feature) -> int | None:
+    """The values a multi-valued feature keeps (`max_values`, `max_len`), else None."""
+    return getattr(feature, "max_values", None) or getattr(feature, "max_len", None)
+
+
+def leading_values(text: str, separator: str, limit: int) -> list[str]:
+    """The first `limit + 1` non-empty values of a separator-joined text, found without
+    splitting all of it (the Python twin of `pipeline.first_values`): more than `limit`
+    values back means the row is cut."""
+    runs = re.compile(f"(?:{re.escape(separator)})+")
+    pieces = runs.split(text, maxsplit=limit + 2)[: limit + 2]  # the rest stays one piece
+    return [p for p in pieces if p][: limit + 1]
+
+
 def needs(config: Config) -> list[Need]:
     """Every column use of the config: features first, then labels."""
     result = [
-        Need(f.source, raw_kind(f), f"feature '{f.name}'", getattr(f, "separator", None))
+        Need(
+            f.source,
+            raw_kind(f),
+            f"feature '{f.name}'",
+            getattr(f, "separator", None),
+            limit=value_limit(f),
+        )
         for f in config.features
     ]
     binary = config.binary_labels
@@ -122,26 +148,100 @@ def expand(patterns: Iterable[str], where: str) -> list[str]:
         where: the config path for messages, e.g. `data.train`.
 
     Raises:
-        DataError: a pattern matches no file.
+        DataError: a pattern matches no file (a directory names the glob of its files).
     """
     files: set[str] = set()
     for pattern in patterns:
-        matched = [
-            p for p in glob.glob(os.path.expanduser(pattern), recursive=True) if os.path.isfile(p)
-        ]
+        found = glob.glob(os.path.expanduser(pattern), recursive=True)
+        matched = [p for p in found if os.path.isfile(p)]
         if not matched:
+            folders = sorted(p for p in found if os.path.isdir(p))
+            if folders:
+                raise DataError(f"{where}: {_folder_hint(pattern, folders[0])}")
             raise DataError(f"{where}: no files match {pattern!r}")
         files.update(matched)
     return sorted(files)
 
 
+def _folder_hint(pattern: str, folder: str) -> str:
+    """What to write instead of a pattern that names directories: a glob of the files
+    of the first, with their most common extension."""
+    names = [n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n))]
+    extensions = Counter(os.path.splitext(n)[1] for n in names if not n.startswith("."))
+    extension = max(sorted(extensions), key=extensions.__getitem__, default="")
+    suggestion = os.path.join(folder, "*" + extension)
+    if os.path.isdir(os.path.expanduser(pattern)):
+        what = f"{pattern!r} is a directory"
+    else:
+        what = f"{pattern!r} matches only directories (first: {folder!r})"
+    return f"{what}; name its files with a glob, e.g. {suggestion!r}"
+
+
+# File signatures that are not plain UTF-8 text, and what to do about them.
+_SIGNATURES = (
+    (b"\x1f\x8b", "a gzip-compressed file", "decompress it first (gunzip -k)"),
+    (b"BZh", "a bzip2-compressed file", "decompress it first (bunzip2 -k)"),
+    (b"\xfd7zXZ\x00", "an xz-compressed file", "decompress it first (unxz -k)"),
+    (b"\x28\xb5\x2f\xfd", "a zstd-compressed file", "decompress it first (unzstd)"),
+    (b"PK\x03\x04", "a zip archive", "extract its files first (unzip)"),
+    (b"PAR1", "a Parquet file", "set data.format: parquet"),
+    (b"\xff\xfe\x00\x00", "UTF-32 text (byte order mark FF FE 00 00)", "convert it to UTF-8 first (iconv -f UTF-32 -t UTF-8)"),
+    (b"\x00\x00\xfe\xff", "UTF-32 text (byte order mark 00 00 FE FF)", "convert it to UTF-8 first (iconv -f UTF-32 -t UTF-8)"),
+    (b"\xff\xfe", "UTF-16 text (byte order mark FF FE)", "convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8)"),
+    (b"\xfe\xff", "UTF-16 text (byte order mark FE FF)", "convert it to UTF-8 first (iconv -f UTF-16 -t UTF-8)"),
+)  # fmt: skip
+
+
+def not_text(file: str) -> str | None:
+    """Why a file is not the plain UTF-8 text a CSV reader expects (compressed, an
+    archive, Parquet, UTF-16/32, binary), from its first bytes; None when it looks like text.
+
+    Raises:
+        DataError: the file cannot be read.
+    """
+    try:
+        with open(file, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        raise DataError(f"{file}: cannot read ({e.strerror})") from None
+    for magic, what, advice in _SIGNATURES:
+        if head.startswith(magic):
+            return f"{what}; recflow reads plain UTF-8 CSV: {advice}"
+    zeros = head.count(0)
+    if zeros:
+        even = head[0::2].count(0)
+        if zeros * 4 >= len(head) and even in (0, zeros):  # ASCII text in UTF-16, no mark
+            order = "little" if even == 0 else "big"
+            return (
+                f"UTF-16 text ({order}-endian, no byte order mark); recflow reads plain UTF-8 CSV: "
+                f"convert it to UTF-8 first (iconv -f UTF-16{order[0].upper()}E -t UTF-8)"
+            )
+        if zeros * 100 >= len(head):
+            return "binary data (NUL bytes), not CSV text"
+    return None
+
+
+def csv_reader(f, delimiter: str):
+    """`csv.reader` without its 128 KiB field limit (training reads any line length)."""
+    csv.field_size_limit(2**31 - 1)
+    return csv.reader(f, delimiter=delimiter)
+
+
 def read_header(file: str, options: CsvOptions) -> list[str]:
-    """The column names of a CSV file: its first line, or `csv.columns`."""
+    """The column names of a CSV file: its first line, or `csv.columns`.
+
+    Raises:
+        DataError: the file cannot be read, is not UTF-8 text (gzip, UTF-16, ...: named),
+            or has no header line.
+    """
+    problem = not_text(file)
+    if problem is not None:
+        raise DataError(f"{file}: {problem}")
     if not options.header:
         return list(options.columns or ())
     try:
         with open(file, encoding="utf-8-sig", newline="") as f:
-            row = next(csv.reader(f, delimiter=options.delimiter), None)
+            row = next(csv_reader(f, options.delimiter), None)
     except OSError as e:
         raise DataError(f"{file}: cannot read ({e.strerror})") from None
     except (UnicodeDecodeError, csv.Error) as e:
@@ -163,12 +263,34 @@ def parquet_columns(file: str) -> list[str] | None:
         raise DataError(f"{file}: cannot read the Parquet schema ({e})") from None
 
 
-def check_columns(file: str, available: Iterable[str], uses: Iterable[Need]) -> None:
-    """Raises DataError naming the file and the first missing column."""
-    present = set(available)
+def check_columns(
+    file: str, available: Iterable[str], uses: Iterable[Need], delimiter: str | None = None
+) -> None:
+    """Raises DataError naming the file and the first missing column.
+
+    With the CSV `delimiter` the header was split by, a column found in the header
+    under another separator names that separator (`data.csv.delimiter`).
+    """
+    names = list(available)
+    present = set(names)
     for need in uses:
         if need.column not in present:
-            raise DataError(f"{file}: missing column '{need.column}' (needed by {need.who})")
+            hint = delimiter_hint(need.column, names, delimiter) if delimiter else ""
+            raise DataError(f"{file}: missing column '{need.column}' (needed by {need.who}){hint}")
+
+
+_DELIMITERS = {",": "','", ";": "';'", "\t": "tabs", "|": "'|'"}  # the usual ones, as named
+
+
+def delimiter_hint(column: str, names: list[str], delimiter: str) -> str:
+    """`; the header holds it separated by ';' (set data.csv.delimiter: ";")` when one
+    header name holds `column` between another delimiter's separators, else ""."""
+    for other, shown in _DELIMITERS.items():
+        if other == delimiter:
+            continue
+        if any(column in (part.strip() for part in name.split(other)) for name in names):
+            return f"; the header holds it separated by {shown} (set data.csv.delimiter: {json.dumps(other)})"
+    return ""
 
 
 def check_files(config: Config, files: list[str]) -> None:
@@ -177,7 +299,9 @@ def check_files(config: Config, files: list[str]) -> None:
     fmt = config.data.format
     for file in files:
         if fmt == "csv":
-            check_columns(file, read_header(file, config.data.csv), uses)
+            options = config.data.csv
+            delimiter = options.delimiter if options.header else None
+            check_columns(file, read_header(file, options), uses, delimiter)
         elif fmt == "parquet":
             columns = parquet_columns(file)
             if columns is not None:

@@ -55,7 +55,12 @@ def stored_dtypes(file: str) -> dict[str, tf.DType]:
 
 
 def dataset(
-    config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool
+    config: Config,
+    files: Sequence[str],
+    *,
+    epochs: int | None,
+    shuffle: bool,
+    rows: tuple[int, int] | None = None,
 ) -> tf.data.Dataset:
     """The TFRecord dataset of `files` (see `recflow.data.make_file_dataset`)."""
     uses = pipeline.unique(sources.needs(config))
@@ -77,7 +82,7 @@ def dataset(
     }
 
     records = pipeline.numbered(
-        files, tf.data.TFRecordDataset, first=1, shuffle=shuffle, seed=config.data.seed
+        files, tf.data.TFRecordDataset, first=1, shuffle=shuffle, seed=config.data.seed, rows=rows
     )
     ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
 

@@ -3,19 +3,35 @@
 Only the export is needed: the serving signature names every input and its
 dtype, and `assets.extra/recflow_config.yaml` (written with every export) holds
 the training config's CSV settings (`header`, `columns`, `delimiter`) and each
-feature's source column (`column:`), so the file is read as training read it.
+feature's source column (`column:`), so the file is read as training read it:
+the same number and integer patterns (a bad value names its file, line and
+column), multi_hot / sequence values cut to their first `max_values` / `max_len`
+(+ 1) before the serving graph splits them. A CSV file may be gzip-compressed;
+other non-text files (UTF-16, bzip2, ...) and directories are one-line errors.
 """
 
 from __future__ import annotations
 
 import csv
+import gzip
 import os
-from collections.abc import Iterator
+import re
+from array import array
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import tensorflow as tf
 import yaml
 
+from recflow.data.sources import (
+    DIGITS,
+    INT64_TEXT,
+    NUMBER_OR_SPECIAL,
+    csv_reader,
+    delimiter_hint,
+    leading_values,
+    not_text,
+)
 from recflow.errors import DataError, RecflowError
 
 CONFIG_ASSET = os.path.join("assets.extra", "recflow_config.yaml")
@@ -30,30 +46,55 @@ def _export_config(export_dir: str) -> dict:
         return yaml.safe_load(f) or {}
 
 
-def _read_csv(path: str, options: dict, sources: dict[str, str]) -> dict[str, list[str]]:
-    """Column values (stripped) of the inputs, read with the training CSV settings."""
+def _open_text(path: str):
+    """The file as text: plain UTF-8, or gzip-compressed (decompressed as it is read)."""
+    with open(path, "rb") as f:
+        if f.read(2) == b"\x1f\x8b":
+            return gzip.open(path, "rt", newline="", encoding="utf-8-sig")
+    problem = not_text(path)
+    if problem is not None:
+        raise DataError(f"{path}: {problem}")
+    return open(path, newline="", encoding="utf-8-sig")
+
+
+def _read_csv(
+    path: str, options: dict, sources: dict[str, str]
+) -> tuple[dict[str, list[str]], array]:
+    """Column values (stripped) of the inputs, read with the training CSV settings, and
+    the line number of each row."""
     delimiter = options.get("delimiter") or ","
     header_line = options.get("header", True)
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter=delimiter)
-        if header_line:
-            header = [h.strip() for h in next(reader, [])]
-            first = 2
-        else:
-            header, first = list(options.get("columns") or ()), 1
-        for name, column in sources.items():
-            if column not in header:
-                raise DataError(f"{path}: missing column {column!r} (input {name!r} of the model)")
-        index = {name: header.index(column) for name, column in sources.items()}
-        columns: dict[str, list[str]] = {name: [] for name in sources}
-        for line, row in enumerate(reader, start=first):
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue  # blank lines are ignored, as in training
-            if len(row) != len(header):
-                raise DataError(f"{path}: line {line}: expected {len(header)} fields, got {len(row)}")
-            for name, i in index.items():
-                columns[name].append(row[i].strip())
-    return columns
+    with _open_text(path) as f:
+        reader = csv_reader(f, delimiter)
+        try:
+            if header_line:
+                header = [h.strip() for h in next(reader, [])]
+            else:
+                header = list(options.get("columns") or ())
+            for name, column in sources.items():
+                if column not in header:
+                    hint = delimiter_hint(column, header, delimiter) if header_line else ""
+                    raise DataError(
+                        f"{path}: missing column {column!r} (input {name!r} of the model){hint}"
+                    )
+            index = {name: header.index(column) for name, column in sources.items()}
+            columns: dict[str, list[str]] = {name: [] for name in sources}
+            lines = array("q")  # 8 bytes a row
+            for row in reader:
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue  # blank lines are ignored, as in training
+                if len(row) != len(header):
+                    raise DataError(
+                        f"{path}: line {reader.line_num}: expected {len(header)} fields, got {len(row)}"
+                    )
+                for name, i in index.items():
+                    columns[name].append(row[i].strip())
+                lines.append(reader.line_num)
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}: not UTF-8 text after line {reader.line_num} ({e.reason})") from None
+        except csv.Error as e:
+            raise DataError(f"{path}: line {reader.line_num}: {e}") from None
+    return columns, lines
 
 
 def _read_parquet(path: str, sources: dict[str, str]) -> dict[str, list]:
@@ -66,15 +107,47 @@ def _read_parquet(path: str, sources: dict[str, str]) -> dict[str, list]:
     return {name: table.column(column).to_pylist() for name, column in sources.items()}
 
 
-def _typed(path: str, name: str, values: list, dtype: tf.DType) -> np.ndarray:
-    try:
-        if dtype == tf.float32:
-            return np.array([np.nan if v in ("", None) else float(v) for v in values], np.float32)
-        if dtype == tf.int64:
-            return np.array([-1 if v in ("", None) else int(v) for v in values], np.int64)
-    except (ValueError, OverflowError) as e:
-        raise DataError(f"{path}: column {name!r}: {e}") from None
-    return np.array(["" if v is None else str(v) for v in values], dtype=object)
+_INT64 = re.compile(INT64_TEXT)
+_DIGITS = re.compile(DIGITS)
+_NUMBER = re.compile(NUMBER_OR_SPECIAL)
+
+
+def _typed(name: str, column: str, values: list, dtype: tf.DType, where: Callable) -> np.ndarray:
+    """One input's values in its serving dtype, read as training reads them; a bad value
+    names its row (`where(index)`) and column."""
+    if dtype == tf.string:
+        return np.array(["" if v is None else str(v) for v in values], dtype=object)
+    floats = dtype == tf.float32
+    out = np.empty(len(values), np.float32 if floats else np.int64)
+    for i, v in enumerate(values):
+        if v in ("", None):
+            out[i] = np.nan if floats else -1
+        elif not isinstance(v, str):
+            out[i] = v  # a typed Parquet value
+        elif (_NUMBER if floats else _INT64).fullmatch(v):
+            out[i] = float(v) if floats else int(v)
+        else:
+            at = f"{where(i)}: column {column!r} (input {name!r})"
+            if not floats and _DIGITS.fullmatch(v):
+                raise DataError(f"{at}: {v!r} does not fit in int64")
+            raise DataError(f"{at}: expected {'a number' if floats else 'an integer'}, got {v!r}")
+    return out
+
+
+def _cut(values: list[str], feature: dict) -> list[str]:
+    """A multi_hot / sequence input's values cut to their first `max_values` / `max_len`
+    + 1 values before the serving graph splits them (as the training input does)."""
+    limit = feature.get("max_values") or feature.get("max_len")
+    separator = feature.get("separator")
+    if not limit or not separator:
+        return values
+    longest = (limit + 2) * (1 + len(separator)) - len(separator)
+    return [
+        separator.join(leading_values(v, separator, limit))
+        if isinstance(v, str) and len(v) >= longest
+        else v
+        for v in values
+    ]
 
 
 def _format(values: np.ndarray) -> list[str]:
@@ -89,22 +162,29 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
 
     One output (a probability, a prediction, a retrieval embedding) gives one value
     per line; several (one per task) give a header line of their names, then one
-    comma-separated line per row.
+    comma-separated line per row. A CSV file may be gzip-compressed.
     """
     if not os.path.exists(os.path.join(export_dir, "saved_model.pb")):
         raise RecflowError(f"{export_dir}: not a SavedModel directory")
+    if os.path.isdir(data_file):
+        raise DataError(f"{data_file}: a directory; predict scores one CSV or Parquet file")
     if not os.path.exists(data_file):
         raise DataError(f"{data_file}: no such file")
     config = _export_config(export_dir)
     serve = tf.saved_model.load(export_dir).signatures["serving_default"]
     specs = serve.structured_input_signature[1]
-    column_of = {f["name"]: f.get("column") or f["name"] for f in config.get("features", [])}
-    sources = {name: column_of.get(name, name) for name in sorted(specs)}
-    if data_file.endswith(".parquet"):
+    features = {f["name"]: f for f in config.get("features", [])}
+    sources = {name: features.get(name, {}).get("column") or name for name in sorted(specs)}
+    if _is_parquet(data_file):
         raw = _read_parquet(data_file, sources)
+        where = lambda i: f"{data_file}: row {i + 1}"  # noqa: E731
     else:
-        raw = _read_csv(data_file, (config.get("data") or {}).get("csv") or {}, sources)
-    columns = {n: _typed(data_file, n, raw[n], specs[n].dtype) for n in sources}
+        raw, lines = _read_csv(data_file, (config.get("data") or {}).get("csv") or {}, sources)
+        where = lambda i: f"{data_file}: line {lines[i]}"  # noqa: E731
+    columns = {
+        n: _typed(n, sources[n], _cut(raw[n], features.get(n, {})), specs[n].dtype, where)
+        for n in sources
+    }
     outputs = sorted(serve.structured_outputs)
     if len(outputs) > 1:
         yield ",".join(outputs)
@@ -114,3 +194,11 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
         result = serve(**batch)
         texts = [_format(result[o].numpy()) for o in outputs]
         yield from (",".join(parts) for parts in zip(*texts))
+
+
+def _is_parquet(path: str) -> bool:
+    """A Parquet file by its name or its first bytes (`PAR1`)."""
+    if path.endswith(".parquet"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == b"PAR1"

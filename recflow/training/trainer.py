@@ -132,14 +132,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ input
 
-    def dataset(self, split: str, epochs: int | None, shuffle: bool | None = None, files=None):
+    def dataset(
+        self, split: str, epochs: int | None, shuffle: bool | None = None, files=None, rows=None
+    ):
         """Batches of (transformed features, labels, bad-record count).
 
-        `files` reads those files instead of the configured split.
+        `files` reads those files instead of the configured split; `rows` only a range
+        of the records of one (see `recflow.data.make_file_dataset`).
         """
         config = self.config
         if files is not None:
-            ds = data_lib.make_file_dataset(config, files, epochs=epochs, shuffle=shuffle)
+            ds = data_lib.make_file_dataset(config, files, epochs=epochs, shuffle=shuffle, rows=rows)
         else:
             ds = data_lib.make_dataset(config, split, epochs=epochs, shuffle=shuffle)
         return self._transformed(ds)
