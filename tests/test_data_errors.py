@@ -68,8 +68,9 @@ def test_a_directory_as_data_train_names_a_glob_of_its_files(tmp_path, capsys):
 def test_a_wrong_delimiter_names_the_one_in_the_header(tmp_path, capsys):
     data = write(tmp_path / "d.csv", [HEADER.replace(",", ";"), *(r.replace(",", ";") for r in ROWS)])
     line = fails(capsys, ["train", config(tmp_path, data)])
+    # features are checked in name order (the config sorts them): price comes first
     assert line == (
-        f"{data}: missing column 'user' (needed by feature 'user'); the header holds it "
+        f"{data}: missing column 'price' (needed by feature 'price'); the header holds it "
         "separated by ';' (set data.csv.delimiter: \";\")"
     )
     tabs = write(tmp_path / "t.csv", [HEADER.replace(",", "\t"), *(r.replace(",", "\t") for r in ROWS)])

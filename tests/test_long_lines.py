@@ -73,7 +73,7 @@ def test_a_long_line_is_cut_before_it_is_split(tmp_path, fmt):
     counts: dict = {}
     ids = transform(config, features, counts)
     assert int(counts["truncated"]) == 1  # the long multi_hot row, counted once
-    tags_feature, hist_feature = config.features
+    tags_feature, hist_feature = config.feature("tags"), config.feature("hist")
     expected = sparse_ids(tags_feature, tf.constant(["t0|t1|t2|t3|t4|t5|t6"]))
     np.testing.assert_array_equal(ids["tags"][1].numpy(), expected[0].numpy())
     expected = sparse_ids(hist_feature, tf.constant(["t0|t1|t2", "h1|h2|h3"]))
