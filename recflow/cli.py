@@ -9,6 +9,7 @@ hidden unless RECFLOW_DEBUG=1.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import logging
@@ -405,8 +406,11 @@ def _user_error(exc: BaseException) -> str | None:
     return None
 
 
-def _log_warnings() -> None:
-    """recflow's library warnings print as `recflow: warning: ...` lines on stderr."""
+@contextlib.contextmanager
+def _log_warnings():
+    """recflow's library warnings print as `recflow: warning: ...` lines on stderr, once:
+    while the command runs they do not also reach the root logger's handlers (absl
+    installs one when TensorFlow first logs, and would print each warning again)."""
 
     class Stderr(logging.Handler):  # the current sys.stderr at each message
         def emit(self, record: logging.LogRecord) -> None:
@@ -417,14 +421,22 @@ def _log_warnings() -> None:
         handler = Stderr()
         handler.setLevel(logging.WARNING)
         logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    try:
+        yield
+    finally:
+        logger.propagate = propagate
 
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import recflow  # noqa: F401  (selects Keras 2 before TensorFlow loads)
 
-    _log_warnings()
+    with _log_warnings():
+        return _run_command(argv)
 
+
+def _run_command(argv: list[str] | None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)

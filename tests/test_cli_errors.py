@@ -567,3 +567,24 @@ def test_user_model_next_to_its_config_runs_without_pythonpath(tmp_path, capsys,
     config = write_config(folder, raw, "cwd.yaml")
     capsys.readouterr()
     assert main(["plan", config]) == 0, capsys.readouterr().err
+
+
+def test_a_warning_prints_once_when_the_root_logger_has_a_handler(tmp_path, capsys):
+    # absl gives the root logger a stderr handler once TensorFlow logs (after the first
+    # checkpoint): recflow's own `recflow: warning:` line must still be the only copy.
+    import logging
+
+    write_csv(tmp_path, ["user_id,item_id,price,click", "1,a,5000,1", "2,b,-20,0", "3,c,1,1"])
+    raw = tiny_config(tmp_path)
+    raw["features"][2] = {"name": "price", "kind": "numeric"}  # large raw numbers: a warning
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)
+    root.addHandler(handler)
+    try:
+        capsys.readouterr()
+        assert main(["train", write_config(tmp_path, raw)]) == 0
+    finally:
+        root.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert err.count("has no normalizer") == 1, err
+    assert "recflow: warning: feature 'price' has no normalizer" in err
