@@ -95,6 +95,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tables", help="per logical table: keys, bytes, keys per shard")
     p.add_argument("model_dir")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--plot", metavar="OUT.png",
+        help="also draw keys and bytes per table over the model dir's checkpoints (needs matplotlib)",
+    )
 
     p = sub.add_parser("data", help="data helpers")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
@@ -262,12 +266,22 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tables(args) -> int:
+    from recflow.embedding.plot import plot_history, require_matplotlib
+
+    if args.plot:
+        require_matplotlib()  # before TensorFlow loads
     import_tensorflow()
-    from recflow.embedding.report import format_tables, table_stats
+    from recflow.embedding.report import format_tables, table_history, table_stats
 
     _check_newest_checkpoint(args.model_dir)
     stats = table_stats(args.model_dir)
     print(json.dumps({"tables": stats}, sort_keys=True) if args.json else format_tables(stats))
+    if args.plot:
+        history = table_history(args.model_dir)
+        plot_history(history, args.plot, title=args.model_dir)
+        steps = f"steps {history[0][0]}-{history[-1][0]}" if len(history) > 1 else f"step {history[0][0]}"
+        if not args.json:  # stdout stays one JSON document
+            print(f"{args.plot}: keys and bytes over {len(history)} checkpoint(s), {steps}")
     return 0
 
 

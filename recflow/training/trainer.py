@@ -10,7 +10,6 @@ import shutil
 import time
 from typing import Callable
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -28,7 +27,12 @@ from recflow.features import fit
 from recflow.features.transform import transform
 from recflow.models.base import RankingModel, build_model
 from recflow.training import model_dir as model_dir_lib
-from recflow.training.callbacks import CallbackList, default_callbacks
+from recflow.training.callbacks import (
+    CallbackList,
+    TableHealth,
+    default_callbacks,
+    write_evaluation,
+)
 from recflow.training.evaluator import Evaluator
 from recflow.training.runner import LocalRunner
 from recflow.training.timing import Timing
@@ -62,7 +66,7 @@ class Trainer:
 
     `fit` is one loop over a step runner (`make_runner`: in this process, or on
     parameter-server workers) and Keras callbacks: the built-in schedule
-    (eviction, delta, export, checkpoint, loss logging; see
+    (eviction, delta, export, checkpoint, TensorBoard; see
     `recflow.training.callbacks`) and then `callbacks`.
 
     Args:
@@ -103,6 +107,7 @@ class Trainer:
         self._delta_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_step")
         self._saved_step = -1
         self.model.stop_training = False
+        self.table_health = TableHealth(self)  # evictions and admissions, for TensorBoard
         self.callbacks = CallbackList(default_callbacks(self) + list(callbacks or []), self.model)
         self.runner = None
         self.examples_trained = 0  # rows trained by this process's run, each once
@@ -219,7 +224,8 @@ class Trainer:
     def evict(self) -> None:
         """Removes stale rows (eviction runs at every checkpoint)."""
         step = int(self.model.global_step)
-        evicted = lifecycle.evict(self.model.embedding, step)
+        with self.table_health.evicting():
+            evicted = lifecycle.evict(self.model.embedding, step)
         if any(evicted.values()):
             logger.info("step %d: evicted %s", step, evicted)
 
@@ -421,12 +427,14 @@ class Trainer:
     # ------------------------------------------------------------------ evaluate
 
     def evaluate(self) -> dict:
-        """Exact metrics over the eval split (the train split when there is none);
-        see `recflow.training.evaluator.Evaluator`."""
+        """Exact metrics over the eval split (the train split when there is none), also
+        written to TensorBoard; see `recflow.training.evaluator.Evaluator`."""
         if self._evaluator is None:
             self._evaluator = Evaluator(self.config, self.model, self._transformed)
         with self.timing.phase("eval"):
-            return self._evaluator.evaluate()
+            result = self._evaluator.evaluate()
+        write_evaluation(self.model_dir, int(self.model.global_step), result)
+        return result
 
     def run(self, train: Callable[[], dict] | None = None) -> dict:
         """train -> evaluate -> export -> metrics.json; returns the metrics.
@@ -459,11 +467,6 @@ class Trainer:
         result["export"] = self.export()
         passes = (self.config.train.total_epochs or 0) if train is None else 0
         result["timing"] = self.timing.as_dict(summary.get("examples", 0), passes)
-        writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
-        with writer.as_default(step=result["steps"]):
-            for key, value in result.items():
-                if isinstance(value, float) and np.isfinite(value):
-                    tf.summary.scalar("eval/" + key, value)
         write_json(os.path.join(self.model_dir, "metrics.json"), result)
         return result
 

@@ -1,0 +1,78 @@
+"""`recflow tables --plot`: keys and bytes per logical table over a model dir's checkpoints."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+from recflow.errors import RecflowError
+
+
+def require_matplotlib() -> None:
+    """Raises a one-line RecflowError when matplotlib (the `plot` extra) is missing."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise RecflowError(
+            "tables --plot needs matplotlib: pip install 'recflow[plot]' (or matplotlib)"
+        ) from None
+
+
+def plot_history(history: list[tuple[int, dict]], out: str, title: str = "") -> None:
+    """Draws keys (with waiting keys dashed) and bytes per table against the step into `out`.
+
+    Args:
+        history: `(step, {table: {"keys", "waiting_keys", "bytes", ...}})`, oldest first,
+            as `recflow.embedding.report.table_history` returns.
+        out: the image file (its extension picks the format: .png, .svg, .pdf).
+        title: the figure's title (e.g. the model dir).
+    """
+    require_matplotlib()
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    steps = [step for step, _ in history]
+    names = list(history[-1][1])
+    fig, (keys_ax, bytes_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, name in enumerate(names):
+        color = f"C{i % 10}"
+        keys = [stats.get(name, {}).get("keys", 0) for _, stats in history]
+        waiting = [stats.get(name, {}).get("waiting_keys", 0) for _, stats in history]
+        size = [stats.get(name, {}).get("bytes", 0) / 2**20 for _, stats in history]
+        keys_ax.plot(steps, keys, "o-", color=color, label=name)
+        if any(waiting):
+            keys_ax.plot(steps, waiting, "o--", color=color, label=f"{name} (waiting)")
+        bytes_ax.plot(steps, size, "o-", color=color, label=name)
+    keys_ax.set(title="keys with a row (dashed: waiting for admission)", xlabel="step", ylabel="keys")
+    bytes_ax.set(title="row bytes", xlabel="step", ylabel="MiB")
+    for ax in (keys_ax, bytes_ax):
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    keys_ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, format=os.path.splitext(out)[1][1:] or "png", dpi=110)
+    except ValueError as e:  # an unknown extension
+        raise RecflowError(f"tables --plot {out}: {e}") from None
+    finally:
+        plt.close(fig)
+    _write(out, image.getvalue())
+
+
+def _write(path: str, data: bytes) -> None:
+    """Writes `data` beside `path`, then renames it into place (never half a file)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise RecflowError(f"tables --plot {path}: {e.strerror}") from None
