@@ -87,11 +87,17 @@ class Trainer:
         callbacks=None,
     ):
         self.model_dir = model_dir or config.train.model_dir
-        config, warnings = fit.resolve(config, self.model_dir)  # `auto` normalizers
+        self.verbose = verbose
+        rows = config.data.sample_rows
+        config, warnings = fit.resolve(  # `auto` normalizers
+            config, self.model_dir,
+            on_fit=lambda names: self.status(
+                f"Fitting {_count(names, 'auto normalizer')} on the first {rows:,} rows of data.train"
+            ),
+        )
         for warning in warnings:
             logger.warning(warning)
         self.config = config
-        self.verbose = verbose
         self.timing = Timing()
         keras.utils.set_random_seed(config.train.seed)  # dense initial weights, dropout
         self.model: RankingModel = build_model(config, placement)
@@ -116,6 +122,11 @@ class Trainer:
         self.bad_rows = 0
         self.nonfinite_values = 0  # numeric values read as missing: inf, overflow, "nan"
         self.truncated_rows = 0  # multi_hot rows cut to max_values
+
+    def status(self, message: str) -> None:
+        """Says what a long set-up step is doing (printed with the progress bar, verbose=1)."""
+        if self.verbose:
+            print(message, flush=True)
 
     # ------------------------------------------------------------------ input
 
@@ -158,8 +169,11 @@ class Trainer:
         data = self.config.data
         if files is None:
             return -(-data.synthetic.rows // data.batch_size)
-        if data.format != "csv" or sum(os.path.getsize(f) for f in files) > 256 << 20:
+        size = sum(os.path.getsize(f) for f in files)
+        if data.format != "csv" or size > 256 << 20:
             return None
+        if size > 16 << 20:
+            self.status(f"Counting the rows of {_name(files)} ({size / 2**20:.0f} MiB) for the progress bar")
         rows = 0
         for file in files:
             with open(file, "rb") as f:
@@ -208,6 +222,7 @@ class Trainer:
             return
         if latest:
             check_checkpoint(latest)
+            self.status(f"Restoring {latest}")
             self._checkpoint.restore(latest).expect_partial()
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
@@ -475,3 +490,9 @@ def _name(files: list[str] | None) -> str:
     if not files:
         return "the synthetic data"
     return files[0] if len(files) == 1 else f"{len(files)} files"
+
+
+def _count(names: list[str], what: str) -> str:
+    """`3 auto normalizers (a, b, c)`; long lists are cut: `13 ... (I1, I2, ..., I13)`."""
+    shown = names if len(names) <= 4 else [names[0], names[1], "...", names[-1]]
+    return f"{len(names)} {what}{'s' if len(names) != 1 else ''} ({', '.join(shown)})"
