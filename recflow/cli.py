@@ -50,6 +50,8 @@ def import_tensorflow() -> None:
 
 def _parser() -> argparse.ArgumentParser:
     import recflow
+    from recflow.config.reference import describe  # the config keys' descriptions
+    from recflow.config.schema import SyntheticOptions, TrainConfig
 
     parser = _Parser(prog="recflow", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"recflow {recflow.__version__}")
@@ -58,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     def with_config(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("config", help="YAML config file")
-        p.add_argument("--model-dir", help="overrides train.model_dir")
+        p.add_argument("--model-dir", help="overrides train.model_dir, " + describe(TrainConfig, "model_dir"))
         p.add_argument(
             "--set", action="append", default=[], metavar="KEY=VALUE",
             help="override a config value (YAML), e.g. --set train.steps=100",
@@ -115,10 +117,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = data_sub.add_parser("synth", help="write the synthetic data set")
     p.add_argument("--out", required=True)
-    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--rows", type=int, required=True, help="training rows (and a fifth as many eval rows)")
     p.add_argument("--format", choices=["csv", "tfrecord", "parquet"], default="csv")
-    p.add_argument("--schema", choices=["demo", "criteo", "sequence"], default="demo")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--schema", choices=["demo", "criteo", "sequence"], default="demo",
+        help=describe(SyntheticOptions, "schema"),
+    )
+    p.add_argument("--seed", type=int, default=7, help=describe(SyntheticOptions, "seed"))
     return parser
 
 

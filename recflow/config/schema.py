@@ -678,7 +678,7 @@ class TrainConfig:
     """The training run (`train`).
 
     Attributes:
-        model_dir: where checkpoints, logs, metrics and exports go (`--model-dir` overrides it).
+        model_dir: the directory of the run's checkpoints, logs, metrics and exports.
         epochs: passes over `data.train` in total, not per run (default 1 when `steps` is not set).
         steps: steps in total, instead of `epochs`.
         optimizer: the dense weights' optimizer.
