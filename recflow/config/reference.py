@@ -234,8 +234,13 @@ def _summary(cls: type) -> str:
 
 
 def _row(*cells: str) -> str:
-    """A table row; `|` in a cell is escaped (Markdown tables split on every `|`)."""
-    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+    """A table row; a `|` outside code spans is escaped (it would split the cell)."""
+    return "| " + " | ".join(_escape(c) for c in cells) + " |"
+
+
+def _escape(cell: str) -> str:
+    parts = cell.split("`")  # odd parts are inside code spans, which MkDocs keeps whole
+    return "`".join(p if i % 2 else p.replace("|", "\\|") for i, p in enumerate(parts))
 
 
 def render() -> str:
