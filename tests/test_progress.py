@@ -70,3 +70,21 @@ def test_fitting_auto_normalizers_is_announced(tmp_path, capsys):
     assert first == "Fitting 2 auto normalizers (price, age) on the first 500 rows of data.train"
     assert main([*argv[:-6], "--quiet", "--set", "train.steps=4", *argv[-6:]]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("auc ")  # quiet; nothing refitted
+
+
+def test_counting_a_large_csv_for_the_bar_is_announced(tmp_path):
+    from types import SimpleNamespace
+
+    from recflow.config import load_config
+    from recflow.training.trainer import Trainer
+
+    path = tmp_path / "big.csv"
+    rows = 17 * 2**20 // 8  # "1,abcde\n": 8 bytes a row, 17 MiB
+    path.write_bytes(b"click,id\n" + b"1,abcde\n" * rows)
+    config = load_config(
+        DEMO, ["data.format=csv", f"data.train={path}", "data.batch_size=1000"]
+    )
+    said = []
+    trainer = SimpleNamespace(config=config, status=said.append)
+    assert Trainer.steps_per_epoch(trainer, [str(path)]) == -(-rows // 1000)
+    assert said == ["Counting the rows of " + str(path) + " (17 MiB) for the progress bar"]
