@@ -23,7 +23,7 @@ from recflow.config.schema import Config
 from recflow.errors import RecflowError
 
 
-def load(config_or_path, model_dir: str | None = None, overrides=None) -> Config:
+def load(config_or_path, model_dir: str | None = None, overrides=None, needs_data: bool = True) -> Config:
     """A validated config from a YAML path or a `Config`, with overrides and the model dir.
 
     Args:
@@ -31,6 +31,8 @@ def load(config_or_path, model_dir: str | None = None, overrides=None) -> Config
         model_dir: overrides `train.model_dir`.
         overrides: `{"train.steps": 100}` or `["train.steps=100"]` (values as YAML,
             like `--set`).
+        needs_data: whether what follows reads data (False for export: then
+            `data.train` may be left out).
 
     Raises:
         RecflowError: a bad config or override, naming the offending path.
@@ -44,7 +46,7 @@ def load(config_or_path, model_dir: str | None = None, overrides=None) -> Config
     if isinstance(config_or_path, Config):
         return config_from_dict(apply_overrides(to_dict(config_or_path), items))
     if isinstance(config_or_path, (str, os.PathLike)):
-        return load_config(os.fspath(config_or_path), items)
+        return load_config(os.fspath(config_or_path), items, needs_data=needs_data)
     raise RecflowError(
         f"expected a config file path or a recflow.Config, got {type(config_or_path).__name__}"
     )
@@ -60,12 +62,18 @@ def _override_items(overrides) -> list[str]:
     return list(overrides)
 
 
-def make_trainer(config: Config, verbose: int = 0, callbacks=None):
+def make_trainer(config: Config, verbose: int = 0, callbacks=None, warm_start: str | None = None):
     """The trainer of a config: a `Trainer`, or a `PSTrainer` on the chief of a PS cluster.
 
     A PS or worker task (from TF_CONFIG) serves until it is stopped and then exits.
+    `warm_start`: see `train`.
     """
     if config.distribute.strategy == "parameter_server":
+        if warm_start:
+            raise RecflowError(
+                "--warm-start: not supported under distribute.strategy parameter_server yet "
+                "(warm-start a local model dir; resharding it onto parameter servers is not built)"
+            )
         from recflow.distribute.cluster import read_tf_config, serve
 
         role = read_tf_config()
@@ -77,7 +85,7 @@ def make_trainer(config: Config, verbose: int = 0, callbacks=None):
         return PSTrainer(config, role, verbose=verbose, callbacks=callbacks)
     from recflow.training.trainer import Trainer
 
-    return Trainer(config, verbose=verbose, callbacks=callbacks)
+    return Trainer(config, verbose=verbose, callbacks=callbacks, warm_start=warm_start)
 
 
 def is_chief(config: Config) -> bool:
@@ -103,15 +111,24 @@ def writer(config: Config, command: str):
         yield
 
 
-def _checked(config_or_path, model_dir, overrides) -> Config:
+def _checked(config_or_path, model_dir, overrides, reads_data: bool = True) -> Config:
+    """The config, with its data sources checked when the command reads them."""
     from recflow.data import check_sources
 
-    config = load(config_or_path, model_dir, overrides)
-    check_sources(config)
+    config = load(config_or_path, model_dir, overrides, needs_data=reads_data)
+    if reads_data:
+        check_sources(config)
     return config
 
 
-def train(config_or_path, model_dir: str | None = None, callbacks=None, overrides=None, verbose: int = 0) -> dict:
+def train(
+    config_or_path,
+    model_dir: str | None = None,
+    callbacks=None,
+    overrides=None,
+    verbose: int = 0,
+    warm_start: str | None = None,
+) -> dict:
     """Trains (resuming from the model dir's latest checkpoint), evaluates and exports.
 
     Args:
@@ -121,20 +138,21 @@ def train(config_or_path, model_dir: str | None = None, callbacks=None, override
             step (`on_train_batch_end(global_step, logs)`, `on_epoch_end`, ...); one
             may stop training with `self.model.stop_training = True`. SIGTERM and
             SIGINT (Ctrl-C, a notebook's interrupt) stop training after the current
-            step with a final checkpoint (`StopOnSignal`).
+            step with a final checkpoint; the result then holds `interrupted` (the
+            signal's name) and no metrics: rerun to resume and finish.
         overrides: config overrides (see `load`).
         verbose: 1 shows a progress bar.
+        warm_start: a model dir to start a new one from: its rows and dense weights
+            wherever they still fit (same table and dim, same variable shapes); see
+            `recflow.training.warm_start`. Ignored once the model dir has a checkpoint.
 
     Returns:
         The metrics written to `MODEL_DIR/metrics.json` (or `already_done: True`
         when the model dir's run is complete).
     """
-    from recflow.training.callbacks import StopOnSignal
-
     config = _checked(config_or_path, model_dir, overrides)
     with writer(config, "train"):
-        trainer = make_trainer(config, verbose, [StopOnSignal(), *(callbacks or [])])
-        return trainer.run()
+        return make_trainer(config, verbose, callbacks, warm_start).run()
 
 
 def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> dict:
@@ -175,7 +193,7 @@ def export(config_or_path, model_dir: str | None = None, overrides=None, delta: 
 @contextmanager
 def _restored(config_or_path, model_dir, overrides, command: str):
     """A trainer on the model dir's latest checkpoint, holding its writer lock for `command`."""
-    config = _checked(config_or_path, model_dir, overrides)
+    config = _checked(config_or_path, model_dir, overrides, reads_data=command != "export")
     with writer(config, command):
         trainer = make_trainer(config)
         require_checkpoint(trainer)

@@ -27,12 +27,23 @@ def strict(value):
     return value
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_text(path: str, text: str) -> None:
-    """Writes `text` to a temp file beside `path`, then renames it into place."""
+    """Writes `text` to a temp file beside `path`, then renames it into place.
+
+    The file gets the permissions of a plain `open` (0644 under umask 022), not
+    the temp file's 0600: a server running as another user reads exports.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
@@ -51,11 +62,15 @@ def write_json(path: str, value) -> None:
 
 @contextlib.contextmanager
 def staged_dir(final: str):
-    """Yields a temp dir beside `final`; renames it to `final` when the block succeeds."""
+    """Yields a temp dir beside `final`; renames it to `final` when the block succeeds.
+
+    The dir gets the permissions of a plain `mkdir` (0755 under umask 022), not 0700.
+    """
     parent = os.path.dirname(os.path.abspath(final))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=parent)
     try:
+        os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
         os.replace(tmp, final)
     except BaseException:

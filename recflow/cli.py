@@ -31,21 +31,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def import_tensorflow() -> None:
-    """Imports TensorFlow with stderr (fd 2) pointed at /dev/null, unless RECFLOW_DEBUG=1:
-    TF 2.17 prints "Unable to register cuFFT/cuDNN/cuBLAS factory" lines at import
-    whatever TF_CPP_MIN_LOG_LEVEL says."""
-    if "tensorflow" in sys.modules or os.environ.get("RECFLOW_DEBUG"):
-        import tensorflow  # noqa: F401
+    """Imports TensorFlow with its import-time lines on stderr hidden (see `recflow.quiet`),
+    and its Python warnings (e.g. tf.function retracing notes) below errors: the CLI owns
+    the screen. RECFLOW_DEBUG=1 shows everything."""
+    if "tensorflow" in sys.modules:
         return
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            import tensorflow  # noqa: F401
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    from recflow.quiet import native_stderr_silenced
+
+    with native_stderr_silenced():
+        import tensorflow as tf
+    if not os.environ.get("RECFLOW_DEBUG"):
+        tf.get_logger().setLevel(logging.ERROR)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -74,6 +70,11 @@ def _parser() -> argparse.ArgumentParser:
         help="online learning: train on each new file of data.train as it appears, until SIGTERM/Ctrl-C",
     )
     p.add_argument("--poll-seconds", type=float, default=1.0, help="with --follow: idle poll interval")
+    p.add_argument(
+        "--warm-start", metavar="FROM_DIR",
+        help="start a new model dir from FROM_DIR's rows and weights wherever they still fit "
+        "(same table and dim, same dense shapes): how to add or remove a feature",
+    )
     with_config("evaluate", "evaluate the latest checkpoint; writes metrics.json")
     p = with_config("export", "write a new SavedModel version (or a delta) from the latest checkpoint")
     p.add_argument("--delta", action="store_true", help="write deltas/<step>/ instead")
@@ -137,7 +138,8 @@ def _load(args, check_data: bool = True):
     overrides = list(args.set)
     if args.model_dir:
         overrides.append(f"train.model_dir={json.dumps(args.model_dir)}")
-    config = load_config(args.config, overrides)
+    # plan and export read no data: data.train may be left out
+    config = load_config(args.config, overrides, needs_data=args.command not in ("plan", "export"))
     _context["model_dir"] = config.train.model_dir
     if check_data:
         check_sources(config)
@@ -145,10 +147,10 @@ def _load(args, check_data: bool = True):
     return config
 
 
-def _trainer(config, verbose=0):
+def _trainer(config, verbose=0, warm_start=None):
     from recflow.api import make_trainer
 
-    return make_trainer(config, verbose=verbose)
+    return make_trainer(config, verbose=verbose, warm_start=warm_start)
 
 
 def _writer(config, command: str):
@@ -182,31 +184,33 @@ def _format_metrics(result: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    import signal
-
     # A stream may start before its first file: with --follow, files are checked as they come.
     config = _load(args, check_data=not args.follow)
     with _writer(config, "train"):
-        return _train(args, config, signal)
+        return _train(args, config)
 
 
-def _train(args, config, signal) -> int:
-    trainer = _trainer(config, verbose=0 if (args.quiet or args.follow) else 1)
-    stop = lambda *_: trainer.request_stop()  # noqa: E731
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        if args.follow:
-            from recflow.training.follow import follow
+def _train(args, config) -> int:
+    import signal
 
-            def report(file, examples, step):
-                print(f"trained {file}: {examples} examples, step {step}", flush=True)
+    if args.warm_start and not os.path.isdir(args.warm_start):
+        raise RecflowError(f"--warm-start {args.warm_start}: no such model dir")
+    trainer = _trainer(config, 0 if (args.quiet or args.follow) else 1, args.warm_start)
+    if args.follow:
+        from recflow.training.follow import follow
 
-            result = trainer.run(train=lambda: follow(trainer, args.poll_seconds, report))
-        else:
-            result = trainer.run()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        def report(file, examples, step):
+            print(f"trained {file}: {examples} examples, step {step}", flush=True)
+
+        result = trainer.run(train=lambda: follow(trainer, args.poll_seconds, report))
+    else:
+        result = trainer.run()
+    if result.get("interrupted"):
+        print(
+            f"stopped at step {result['steps']} (interrupted by {result['interrupted']}); "
+            f"checkpoint in {trainer.checkpoint_dir}: rerun the same command to resume"
+        )
+        return 128 + signal.Signals[result["interrupted"]].value
     if result.get("already_done"):
         goal = f"train.steps={config.train.steps}" if config.train.steps else f"train.epochs={config.train.total_epochs}"
         print(
@@ -214,6 +218,10 @@ def _train(args, config, signal) -> int:
             "no new export (`recflow export` writes one; raise train.steps/epochs to train on)"
         )
         return 0
+    if "warm_start" in result and not trainer.verbose:
+        from recflow.training.warm_start import describe
+
+        print(describe(result["warm_start"]))
     print(_format_metrics(result))
     print(f"model dir: {trainer.model_dir}   export: {result['export']}")
     return 0
@@ -246,7 +254,7 @@ def cmd_evaluate(args) -> int:
 def cmd_export(args) -> int:
     from recflow.api import export
 
-    config = _load(args)
+    config = _load(args, check_data=False)
     print(export(config, delta=args.delta))
     return 0
 
@@ -261,7 +269,7 @@ def cmd_predict(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    config = _load(args)  # before the import below, which loads TensorFlow
+    config = _load(args, check_data=False)  # before the import below, which loads TensorFlow
     if args.ps < 1 or args.keys < 1:
         raise RecflowError("plan: --ps and --keys must be positive integers")
     from recflow.embedding.report import format_plan
@@ -378,6 +386,8 @@ def _environment_error(exc: BaseException) -> str | None:
     if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
         where = _shown_path(str(exc.filename)) if exc.filename else _context.get("model_dir", "the model dir")
         return f"{where}: no space left on device (nothing half-written is kept; free space and rerun)"
+    if isinstance(exc, PermissionError) and exc.filename:
+        return f"{_shown_path(str(exc.filename))}: permission denied"
     if isinstance(exc, FileNotFoundError) and exc.filename:
         return f"{exc.filename}: no such file (removed while recflow ran?)"
     if "tensorflow" not in sys.modules:

@@ -102,7 +102,13 @@ def test_unknown_key(tmp_path, capsys):
     raw = tiny_config(tmp_path)
     raw["train"]["learning_rate"] = 0.1
     config = write_config(tmp_path, raw)
-    run_error(capsys, ["train", config], config, "train.learning_rate", "unknown key")
+    line = run_error(capsys, ["train", config], config)
+    assert (
+        line
+        == f"recflow: {config}: train: unknown key 'learning_rate' (allowed: checkpoint_every_steps, "
+        "epochs, keep_checkpoints, log_every_steps, model_dir, optimizer, prefetch_embeddings, seed, "
+        "sparse_optimizer, steps, xla)"
+    )
 
 
 @pytest.mark.parametrize("command", ["train", "evaluate", "export", "plan"])
@@ -362,3 +368,202 @@ def test_subprocess_success_skips_teardown_but_keeps_every_output_byte(tmp_path)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)  # parses only when every byte arrived
     assert report
+
+
+# ----------------------------------------------------------------------------- issue 19: config
+# Config-side findings of issue 19 (4, 6, 9, 10, 11): each failed before its fix.
+
+
+def test_label_leak_through_column_is_refused(tmp_path, capsys):
+    """Finding 4: `{name: leak, kind: categorical, column: click}` trained with AUC 1.0."""
+    write_csv(tmp_path, [HEADER, *ROWS])
+    raw = tiny_config(tmp_path)
+    raw["features"].append({"name": "leak", "kind": "categorical", "column": "click"})
+    config = write_config(tmp_path, raw)
+    line = run_error(capsys, ["train", config, "--quiet"])
+    assert line == (
+        f"recflow: {config}: features[3].column: reads the label column 'click': the label would leak in"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_duplicate_section_is_refused_naming_both_lines(tmp_path, capsys):
+    """Finding 6: a second `train:` block silently dropped the first one's settings."""
+    write_csv(tmp_path, [HEADER, *ROWS])
+    text = yaml.safe_dump(tiny_config(tmp_path), sort_keys=False)
+    text += "train:\n  steps: 5\n"
+    first = text.splitlines().index("train:") + 1
+    last = len(text.splitlines()) - 1
+    config = tmp_path / "config.yaml"
+    config.write_text(text, encoding="utf-8")
+    line = run_error(capsys, ["train", str(config), "--quiet"])
+    assert line == f"recflow: {config}:{last}: duplicate key 'train' (first at line {first})"
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        # a layer of 1e8 x 1e8 weights: TensorFlow's OOM traceback came after minutes of allocating
+        (
+            "model.params.dnn.hidden_units=[100000000, 100000000]",
+            (
+                "recflow: model.params: layer ",
+                "`hidden_units` needs 1e+16 float32 weights, with their "
+                "gradients at least 80 PB, more than this machine's memory",
+            ),
+        ),
+        (
+            "tables.user_id.expected_keys=1e13",
+            ("tables.user_id.expected_keys: 10000000000000 keys of dim 4 are allocated up front",),
+        ),
+        ("train.seed=-1", ("train.seed: expected an integer in [0, 2**32 - 1], got -1",)),
+        ("data.synthetic.rows=1e14", ("data.synthetic.rows: 100000000000000 rows",)),
+    ],
+    ids=["hidden-units", "expected-keys", "seed", "synthetic-rows"],
+)
+def test_absurd_sizes_are_one_line_before_allocating(tmp_path, capsys, override, fragments):
+    """Finding 9: each of these was a traceback (exit 1) after TensorFlow started."""
+    write_csv(tmp_path, [HEADER, *ROWS])
+    raw = tiny_config(tmp_path)
+    raw["tables"] = {"user_id": {"dim": 4}}
+    raw["features"][0]["table"] = "user_id"
+    del raw["features"][0]["dim"]
+    if override.startswith("data.synthetic"):
+        raw["data"] = {"format": "synthetic", "label": "click", "batch_size": 4}
+        raw["features"] = [
+            {"name": "user_id", "kind": "categorical", "dtype": "int64", "table": "user_id"}
+        ]
+    config = write_config(tmp_path, raw)
+    run_error(capsys, ["train", config, "--quiet", "--set", override], *fragments)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_one_wide_layer_is_refused_once_its_input_width_is_known(tmp_path, capsys, monkeypatch):
+    """A single wide layer fits while the input width is unknown (1 or more); with this
+    machine's memory set to 1 GB, 20M units fit after 1 input (2 x 20M weights, 8 bytes each
+    with gradients: 0.32 GB) but not after the 9 of this model (user 4 + item 4 + price 1:
+    (9 + 1) x 20M x 8 bytes = 1.6 GB). It is refused before any weight is allocated."""
+    from recflow.config import limits
+
+    monkeypatch.setattr(limits, "physical_memory", lambda: 10**9)
+    write_csv(tmp_path, [HEADER, *ROWS])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    line = run_error(
+        capsys, ["train", config, "--quiet", "--set", "model.params.dnn.hidden_units=[20000000]"]
+    )
+    assert line.endswith(
+        "`hidden_units` needs 2e+08 float32 weights after 9 inputs, with their gradients at least "
+        "1.6 GB, more than this machine's memory (1 GB). Received: hidden_units=[20000000]"
+    ), line
+
+
+def test_model_params_typo_names_the_path(tmp_path, capsys):
+    """Finding 10: `('Keyword argument not understood:', 'foo')` named no path."""
+    write_csv(tmp_path, [HEADER, *ROWS])
+    config = write_config(tmp_path, tiny_config(tmp_path))
+    line = run_error(capsys, ["train", config, "--quiet", "--set", "model.params.foo=1"])
+    assert line == "recflow: model.params.foo: unknown parameter of deepfm (allowed: dnn, fm, name)"
+    line = run_error(capsys, ["train", config, "--quiet", "--set", "model.params.dnn.dropuot=0.1"])
+    assert line == (
+        "recflow: model.params: unknown argument 'dropuot' of DNN (its arguments: hidden_units, "
+        "activation, dropout, use_batch_norm, l2, output_units)"
+    )
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("features[1].knd=categorical", "features[1]: unknown key 'knd' (did you mean 'kind'?)"),
+        (
+            "features[1].max_len=5",
+            "features[1]: unknown key 'max_len': it is for kind 'sequence' "
+            "(allowed for kind 'categorical': column, dim, dtype, kind, name, table)",
+        ),
+        (
+            "train.optimizer.learning_rate=1e300",
+            "train.optimizer.learning_rate: out of range: "
+            "1e+300 (numbers are computed in float32: |x| <= 3.4e38)",
+        ),
+    ],
+    ids=["misspelt-kind", "key-of-other-kind", "1e300"],
+)
+def test_set_values_get_messages_that_point_the_right_way(tmp_path, capsys, override, message):
+    """Finding 10: `features[3].kind: missing`, `unknown key (allowed: data, ...)` for
+    `features[5].max_len` (the bracket path set a top-level key), `expected a number, got '1e300'`."""
+    write_csv(tmp_path, [HEADER, *ROWS])
+    raw = tiny_config(tmp_path)
+    if "knd" in override:
+        del raw["features"][1]["kind"]
+    config = write_config(tmp_path, raw)
+    line = run_error(capsys, ["train", config, "--quiet", "--set", override])
+    assert line == f"recflow: {config}: {message}"
+
+
+def test_plan_and_export_do_not_need_data_train(tmp_path, capsys):
+    """Finding 11: `recflow plan` and `recflow export` demanded data.train (they read no data)."""
+    write_csv(tmp_path, [HEADER, *ROWS])
+    raw = tiny_config(tmp_path)
+    train_glob = raw["data"].pop("train")
+    config = write_config(tmp_path, raw)
+    run_error(capsys, ["train", config, "--quiet"], "data.train: required for format 'csv'")
+    assert main(["plan", config]) == 0
+    assert main(["train", config, "--quiet", "--set", f"data.train={train_glob}"]) == 0
+    capsys.readouterr()
+    assert main(["export", config]) == 0
+    out, err = capsys.readouterr()
+    assert out.strip() == str(tmp_path / "run" / "export" / "2"), (out, err)
+    assert os.path.isfile(tmp_path / "run" / "export" / "2" / "saved_model.pb")
+
+
+TOWER = """
+import tensorflow as tf
+import tf_keras as keras
+
+from recflow.models import RankingModel
+
+from {helper} import UNITS  # a sibling module of the tower imports too
+
+
+class Tiny(RankingModel):
+    def __init__(self, config, hidden=UNITS, **kwargs):
+        super().__init__(config, **kwargs)
+        self.hidden = keras.layers.Dense(hidden, activation="relu")
+        self.head = keras.layers.Dense(1)
+
+    def tower(self, inputs, training=False):
+        x = tf.concat(self.pooled(inputs) + [self.numeric(inputs)], axis=-1)
+        return self.head(self.hidden(x))
+"""
+
+
+def test_user_model_next_to_its_config_runs_without_pythonpath(tmp_path, capsys, monkeypatch):
+    """Finding 11: `model.type: "mymodule:Cls"` failed from the CLI unless PYTHONPATH was
+    set. Found in the config's folder (train) and in the working directory (plan)."""
+    import sys
+
+    write_csv(tmp_path, [HEADER, *ROWS])
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "issue19_tower_a.py").write_text(TOWER.format(helper="issue19_units_a"))
+    (folder / "issue19_units_a.py").write_text("UNITS = 3\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    path_before = list(sys.path)
+    raw = tiny_config(tmp_path)
+    raw["model"] = {"type": "issue19_tower_a:Tiny", "params": {"hidden": 2}}
+    config = write_config(folder, raw)
+    assert main(["train", config, "--quiet"]) == 0, capsys.readouterr().err
+    assert sys.path == path_before
+    line = run_error(capsys, ["train", config, "--quiet", "--set", "model.params.hiden=2"])
+    assert (
+        line
+        == "recflow: model.params.hiden: unknown parameter of issue19_tower_a:Tiny (allowed: hidden, name)"
+    )
+
+    (elsewhere / "issue19_tower_b.py").write_text(TOWER.format(helper="issue19_units_b"))
+    (elsewhere / "issue19_units_b.py").write_text("UNITS = 3\n")
+    raw["model"] = {"type": "issue19_tower_b:Tiny"}
+    config = write_config(folder, raw, "cwd.yaml")
+    capsys.readouterr()
+    assert main(["plan", config]) == 0, capsys.readouterr().err

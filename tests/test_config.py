@@ -93,7 +93,8 @@ def test_demo_config_loads():
     assert config.data.format == "synthetic"
     assert config.data.label == ("click",)
     assert config.model.type == "deepfm"
-    assert [f.name for f in config.features][:2] == ["user_id", "item_id"]
+    # features come out sorted by name: the order of the lines decides nothing
+    assert [f.name for f in config.features][:2] == ["age", "category"]
     # every logical table in use resolves to a table config
     for name in config.table_names():
         assert config.table(name).dim > 0
@@ -101,25 +102,27 @@ def test_demo_config_loads():
 
 def test_base_config_kinds_and_values(tmp_path):
     config = load_config(write(tmp_path, base_raw()))
-    kinds = [type(f) for f in config.features]
-    assert kinds == [
-        CategoricalFeature,
-        CategoricalFeature,
-        CategoricalFeature,
-        MultiHotFeature,
-        SequenceFeature,
-        NumericFeature,
-        NumericFeature,
-        NumericFeature,
-    ]
+    kinds = {f.name: type(f) for f in config.features}
+    assert kinds == {
+        "user_id": CategoricalFeature,
+        "item_id": CategoricalFeature,
+        "category": CategoricalFeature,
+        "tags": MultiHotFeature,
+        "hist_items": SequenceFeature,
+        "price": NumericFeature,
+        "age": NumericFeature,
+        "hour": NumericFeature,
+    }
+    # sorted by name, whatever the order of the lines
+    assert [f.name for f in config.features] == sorted(kinds)
     assert config.data.train == ("data/train/*.csv",)  # a scalar stands for a one-element list
-    assert config.features[7].normalizer.boundaries == (6.0, 12.0, 18.0)
-    assert config.features[4].max_len == 10
+    assert config.feature("hour").normalizer.boundaries == (6.0, 12.0, 18.0)
+    assert config.feature("hist_items").max_len == 10
     assert config.tables["item"].admission.min_count == 2
     assert config.tables["item"].eviction.ttl_steps == 1000
-    assert config.sparse_features == config.features[:5]
-    assert config.numeric_features == config.features[5:]
-    assert config.table_names() == ("user", "item", "category", "tags")
+    assert [f.name for f in config.sparse_features] == ["category", "hist_items", "item_id", "tags", "user_id"]
+    assert [f.name for f in config.numeric_features] == ["age", "hour", "price"]
+    assert config.table_names() == ("category", "item", "tags", "user")
 
 
 def test_defaults_applied(tmp_path):
@@ -136,9 +139,9 @@ def test_defaults_applied(tmp_path):
     assert config.distribute.strategy == "local"
     assert config.export.every_steps is None
     assert config.train.checkpoint_every_steps == 1000
-    assert config.features[3].dtype == "string"
-    assert config.features[3].separator == "|"
-    assert config.features[5].default is None  # missing -> neutral (see transform.normalize)
+    assert config.feature("tags").dtype == "string"
+    assert config.feature("tags").separator == "|"
+    assert config.feature("price").default is None  # missing -> neutral (see transform.normalize)
     assert config.task.metric_names("binary") == ("auc", "logloss")
     # an implicit table takes its dim from the feature, or embedding.default_dim
     assert "category" not in config.tables
@@ -201,22 +204,6 @@ def _delete(path: str):
 
 # (id, mutation, error path, message fragment)
 BAD = [
-    ("unknown-top-key", _set("extras", 1), "extras", "unknown key"),
-    ("unknown-data-key", _set("data.batchsize", 8), "data.batchsize", "unknown key"),
-    ("unknown-feature-key", _set("features.2.colour", "red"), "features[2].colour", "unknown key"),
-    ("unknown-table-key", _set("tables.item.size", 3), "tables.item.size", "unknown key"),
-    (
-        "unknown-optimizer-key",
-        _set("tables.item.optimizer.momentum", 0.9),
-        "tables.item.optimizer.momentum",
-        "unknown key",
-    ),
-    (
-        "key-of-other-kind",  # max_len belongs to sequence features only
-        _set("features.0.max_len", 3),
-        "features[0].max_len",
-        "unknown key",
-    ),
     ("string-dim", _set("features.2.dim", "8"), "features[2].dim", "expected an integer, got '8'"),
     ("float-dim", _set("features.2.dim", 8.5), "features[2].dim", "expected an integer, got 8.5"),
     (
@@ -365,7 +352,6 @@ BAD = [
     ("missing-label", _delete("data.label"), "data.label", "required"),
     ("label-is-feature", _set("data.label", "price"), "data.label[0]", "also a feature"),
     ("two-labels-binary", _set("data.label", ["click", "buy"]), "data.label", "expected one label"),
-    ("missing-train", _delete("data.train"), "data.train", "required for format 'csv'"),
     (
         "duplicate-feature",
         _set("features.3.name", "category"),
@@ -458,13 +444,90 @@ def test_exact_message_for_negative_dim(tmp_path):
     assert str(info.value) == f"{file}: features[2].dim: expected a positive integer, got -3"
 
 
-def test_unknown_key_lists_allowed_keys(tmp_path):
+# (id, mutation, path of the section, rest of the message)
+UNKNOWN = [
+    (
+        "top",
+        _set("extras", 1),
+        "",
+        "unknown key 'extras' (allowed: data, distribute, "
+        "embedding, export, features, model, tables, task, train, version)",
+    ),
+    (
+        "data-misspelt",
+        _set("data.batchsize", 8),
+        "data",
+        "unknown key 'batchsize' (did you mean 'batch_size'?)",
+    ),
+    (
+        "table-longer",
+        _set("tables.item.dimension", 3),
+        "tables.item",
+        "unknown key 'dimension' (did you mean 'dim'?)",
+    ),
+    (
+        "feature",
+        _set("features.2.colour", "red"),
+        "features[2]",
+        "unknown key 'colour' (allowed: column, dim, dtype, kind, name, table)",
+    ),
+    (
+        "optimizer",
+        _set("tables.item.optimizer.momentum", 0.9),
+        "tables.item.optimizer",
+        "unknown key 'momentum' (allowed: learning_rate, type)",
+    ),
+    # max_len belongs to sequence features only: say so, and what a categorical takes
+    (
+        "key-of-other-kind",
+        _set("features.0.max_len", 3),
+        "features[0]",
+        "unknown key 'max_len': it is for kind 'sequence' "
+        "(allowed for kind 'categorical': column, dim, dtype, kind, name, table)",
+    ),
+    (
+        "key-of-two-kinds",
+        _set("features.0.separator", ","),
+        "features[0]",
+        "unknown key 'separator': it is for kind 'multi_hot' or 'sequence' "
+        "(allowed for kind 'categorical': column, dim, dtype, kind, name, table)",
+    ),
+    (
+        "normalizer-key-of-other-type",
+        _set("features.5.normalizer.boundaries", [1]),
+        "features[5].normalizer",
+        "unknown key 'boundaries': it is for type 'bucketize' (allowed for type 'log1p': type)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "mutate, path, message", [u[1:] for u in UNKNOWN], ids=[u[0] for u in UNKNOWN]
+)
+def test_unknown_key_names_the_key_and_a_fix(tmp_path, mutate, path, message):
     raw = base_raw()
-    raw["tables"]["user"]["dimension"] = 8
-    with pytest.raises(
-        ConfigError, match=r"tables\.user\.dimension: unknown key \(allowed: admission, dim,"
-    ):
-        load_config(write(tmp_path, raw))
+    mutate(raw)
+    file = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == ": ".join(p for p in (file, path, message) if p)
+
+
+def test_misspelt_kind_is_an_unknown_key_not_a_missing_kind(tmp_path):
+    """Finding 10: `knd: categorical` was reported as `features[3].kind: missing`."""
+    raw = base_raw()
+    raw["features"][3]["knd"] = raw["features"][3].pop("kind")
+    file = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == f"{file}: features[3]: unknown key 'knd' (did you mean 'kind'?)"
+    # a `--set` value gets the same message, and `--set` takes the path as errors print it
+    raw = base_raw()
+    del raw["features"][3]["kind"]
+    file = write(tmp_path, raw, "set.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_config(file, ["features[3].knd=multi_hot"])
+    assert str(info.value) == f"{file}: features[3]: unknown key 'knd' (did you mean 'kind'?)"
 
 
 def test_key_with_line_break_still_one_line(tmp_path):
@@ -473,7 +536,7 @@ def test_key_with_line_break_still_one_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, raw))
     assert_one_line(str(info.value))
-    assert "data.bad\\nkey: unknown key" in str(info.value)
+    assert "data: unknown key 'bad\\nkey'" in str(info.value)
 
 
 # ----------------------------------------------------------------------------- file-level errors
@@ -621,7 +684,7 @@ def test_set_list_item_by_index_and_name(tmp_path):
             "features.hour.normalizer.boundaries=[1, 2]",
         ],
     )
-    assert config.features[2].dim == 32
+    assert config.feature("category").dim == 32  # features.2 is the file's third line
     assert config.feature("price").default == 1.5
     assert config.feature("hour").normalizer.boundaries == (1.0, 2.0)
 
@@ -794,5 +857,305 @@ def test_mutation_ops_reach_the_loader(tmp_path):
     paths = list(_paths(raw))
     assert () in paths and ("features", 0, "kind") in paths
     raw["features"][0]["kind"] = "numeric"  # a numeric feature cannot have dtype/table
-    with pytest.raises(ConfigError, match=r"^features\[0\]\.(dtype|table): unknown key"):
+    with pytest.raises(ConfigError, match=r"^features\[0\]: unknown key '(dtype|table)'"):
         config_from_dict(raw)
+
+
+# ----------------------------------------------------------------------------- issue 19
+# Each test below failed before the fix it names (issue 19's findings 4, 6, 9, 10, 11).
+
+MMOE = Path(__file__).resolve().parent.parent / "configs" / "mmoe.yaml"
+
+
+def test_feature_reading_the_label_column_is_refused(tmp_path):
+    """Finding 4: `{name: leak, column: click}` trained with train AUC 1.0."""
+    raw = base_raw()
+    raw["features"].append({"name": "leak", "kind": "categorical", "column": "click"})
+    file = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == (
+        f"{file}: features[8].column: reads the label column 'click': the label would leak in"
+    )
+    # a numeric feature, and the label of any task of a multi-task config
+    raw = yaml.safe_load(MMOE.read_text(encoding="utf-8"))
+    raw["features"].insert(1, {"name": "years", "kind": "numeric", "column": "age"})
+    with pytest.raises(ConfigError, match=r"^features\[1\]\.column: reads the label column 'age'"):
+        config_from_dict(raw)
+    # another column is fine, and so is a column named like a feature
+    raw = base_raw()
+    raw["features"].append({"name": "user_copy", "kind": "categorical", "column": "user_id"})
+    assert load_config(write(tmp_path, raw)).features[-1].source == "user_id"
+
+
+@pytest.mark.parametrize(
+    "text, line, first, key",
+    [
+        ("version: 1\ntrain: {steps: 3}\ndata: {}\ntrain:\n  epochs: 2\n", 4, 2, "train"),
+        (
+            "version: 1\ndata:\n  batch_size: 8\n  label: click\n  batch_size: 16\n",
+            5,
+            3,
+            "batch_size",
+        ),
+        ("features:\n  - {name: a, kind: numeric, name: b}\n", 2, 2, "name"),
+        (
+            "model:\n  params:\n    dnn: {hidden_units: [4]}\n    fm: true\n    dnn: {}\n",
+            5,
+            3,
+            "dnn",
+        ),
+    ],
+    ids=["top-level", "nested", "same-line-flow", "inside-params"],
+)
+def test_duplicate_yaml_keys_are_refused_naming_both_lines(tmp_path, text, line, first, key):
+    """Finding 6: a second `train:` block silently replaced the first."""
+    file = tmp_path / "config.yaml"
+    file.write_text(text, encoding="utf-8")
+    with pytest.raises(RecflowError) as info:
+        load_config(str(file))
+    assert str(info.value) == f"{file}:{line}: duplicate key {key!r} (first at line {first})"
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path):
+    """A key given next to `<<:` overrides the merged one, as YAML says: no duplicate."""
+    assert "  user: {dim: 8}\n" in BASE
+    file = tmp_path / "merge.yaml"
+    file.write_text(BASE.replace("  user: {dim: 8}\n", "  user:\n    <<: {dim: 4}\n    dim: 8\n"))
+    assert load_config(str(file)).tables["user"].dim == 8
+
+
+def test_duplicate_key_in_a_set_value(tmp_path):
+    with pytest.raises(RecflowError) as info:
+        load_config(write(tmp_path, base_raw()), ["model.params={fm: true, fm: false}"])
+    assert str(info.value) == "--set model.params={fm: true, fm: false}: duplicate key 'fm'"
+
+
+def test_exponent_numbers_are_numbers(tmp_path):
+    """YAML 1.1 read `1e13` as a string ('expected a number, got '1e300''); a whole
+    number written with an exponent is an integer where one is expected."""
+    raw = base_raw()
+    text = yaml.safe_dump(raw, sort_keys=False)
+    text = text.replace("learning_rate: 0.001", "learning_rate: 1e-3", 1)
+    text = text.replace("  user:\n    dim: 8\n", "  user:\n    dim: 8\n    expected_keys: 1e6\n", 1)
+    file = tmp_path / "exp.yaml"
+    file.write_text(text, encoding="utf-8")
+    config = load_config(str(file))
+    assert config.train.optimizer.learning_rate == 0.001
+    assert config.tables["user"].expected_keys == 1_000_000
+    assert type(config.tables["user"].expected_keys) is int
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "train.optimizer.learning_rate=1e300",
+            "train.optimizer.learning_rate: out of range: "
+            "1e+300 (numbers are computed in float32: |x| <= 3.4e38)",
+        ),
+        (
+            "features.price.default=-4e38",
+            "features[5].default: out of range: -4e+38 "
+            "(numbers are computed in float32: |x| <= 3.4e38)",
+        ),
+        ("features.price.default=1e400", "features[5].default: expected a finite number, got inf"),
+        (
+            "train.steps=1e300",
+            "train.steps: out of range: 1e+300 (integers are int64: |x| <= 2**63 - 1)",
+        ),
+        (
+            "train.steps=9223372036854775808",
+            "train.steps: out of range: 9223372036854775808 (integers are int64: |x| <= 2**63 - 1)",
+        ),
+        ("train.steps=2.5e0", "train.steps: expected an integer, got 2.5"),
+        (
+            "train.steps=" + "9" * 50,
+            "train.steps: out of range: an integer of 50 digits (integers are int64: |x| <= 2**63 - 1)",
+        ),
+        (
+            "train.optimizer.learning_rate=" + "9" * 50,
+            "train.optimizer.learning_rate: out of range: an integer of 50 digits "
+            "(numbers are computed in float32: |x| <= 3.4e38)",
+        ),
+        (
+            "train.steps=1.5e17",
+            "train.steps: expected an integer, got 1.5e+17 "
+            "(exact with an exponent up to 2**53: write the digits)",
+        ),
+        ("train.seed=-1", "train.seed: expected an integer in [0, 2**32 - 1], got -1"),
+        (
+            "data.seed=4294967296",
+            "data.seed: expected an integer in [0, 2**32 - 1], got 4294967296",
+        ),
+        (
+            "data.synthetic.seed=-3",
+            "data.synthetic.seed: expected an integer in [0, 2**32 - 1], got -3",
+        ),
+    ],
+)
+def test_numbers_out_of_range(tmp_path, override, message):
+    """Finding 9/10: these ended in a NumPy or TensorFlow traceback, or named no range."""
+    raw = base_raw()
+    raw["train"].pop("epochs")
+    file = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file, [override])
+    assert str(info.value) == f"{file}: {message}"
+
+
+def test_integer_too_long_for_python_is_one_line(tmp_path):
+    """Python refuses to read ints of more than 4300 digits (a ValueError traceback before)."""
+    file = tmp_path / "long.yaml"
+    file.write_text("version: 1\ntrain: {steps: " + "9" * 5000 + "}\n", encoding="utf-8")
+    with pytest.raises(RecflowError) as info:
+        load_config(str(file))
+    assert str(info.value) == (
+        f"{file}: line 2, column 16: invalid YAML: integer too long (more than 4300 digits)"
+    )
+
+
+def test_largest_values_in_range_are_accepted(tmp_path):
+    raw = base_raw()
+    raw["train"].pop("epochs")
+    config = load_config(
+        write(tmp_path, raw),
+        [
+            "train.seed=4294967295",
+            "train.steps=9223372036854775807",
+            "features.price.default=3.4e38",
+        ],
+    )
+    assert config.train.seed == 2**32 - 1
+    assert config.train.steps == 2**63 - 1
+    assert config.feature("price").default == 3.4e38
+
+
+def test_strings_that_look_like_numbers_survive_dump_and_load(tmp_path):
+    """The resolved config dumped to MODEL_DIR/config.yaml quotes `'1e5'`, so it reads back."""
+    raw = base_raw()
+    raw["features"][2]["name"] = "1e5"
+    config = config_from_dict(raw)
+    path = str(tmp_path / "resolved.yaml")
+    dump_config(config, path)
+    assert load_config(path) == config
+
+
+def test_set_takes_the_path_form_errors_print(tmp_path):
+    """Finding 10: `--set features[5].max_len=3` set a top-level key `features[5]`."""
+    config = load_config(
+        write(tmp_path, base_raw()), ["features[4].max_len=3", "task.metrics[1]=auc"]
+    )
+    assert config.feature("hist_items").max_len == 3  # the file's fifth feature line
+    assert config.task.metrics == ("auc", "auc")
+    file = write(tmp_path, base_raw())
+    with pytest.raises(ConfigError) as info:
+        load_config(file, ["features[0].max_len=3"])
+    assert str(info.value) == (
+        f"{file}: features[0]: unknown key 'max_len': it is for kind 'sequence' "
+        "(allowed for kind 'categorical': column, dim, dtype, kind, name, table)"
+    )
+    with pytest.raises(RecflowError, match=r"^--set features\[x\]\.dim=3: expected KEY=VALUE"):
+        load_config(file, ["features[x].dim=3"])
+
+
+@pytest.fixture
+def memory(monkeypatch):
+    """This machine's memory, as the limits see it: 1 GB (10**9 bytes)."""
+    from recflow.config import limits
+
+    monkeypatch.setattr(limits, "physical_memory", lambda: 10**9)
+    return 10**9
+
+
+def test_expected_keys_beyond_memory_are_refused(tmp_path, memory):
+    """Finding 9: `expected_keys: 1e13` ended in a TensorFlow OOM traceback. A key takes
+    its 8-byte key and `dim` float32 values at least: user has dim 8, 40 bytes a key."""
+    raw = base_raw()
+    raw["tables"]["user"]["expected_keys"] = memory // 40  # exactly the memory: fits
+    assert load_config(write(tmp_path, raw)).tables["user"].expected_keys == 25_000_000
+    raw["tables"]["user"]["expected_keys"] = memory // 40 + 1
+    file = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == (
+        f"{file}: tables.user.expected_keys: 25000001 keys of dim 8 are allocated up front: "
+        "at least 1 GB, more than this machine's memory (1 GB)"
+    )
+    # two tables that fit alone but not together (item: dim 16, 72 bytes a key)
+    raw["tables"]["user"]["expected_keys"] = 10_000_000  # 0.4 GB
+    raw["tables"]["item"]["expected_keys"] = 9_000_000  # 0.648 GB, the larger share
+    with pytest.raises(
+        ConfigError,
+        match=r"^tables\.item\.expected_keys: 9000000 keys of dim 16 "
+        r"are allocated up front \(with the other tables' expected_keys\)",
+    ):
+        config_from_dict(raw)
+    # on parameter servers the tables live in their memory, not this process's
+    raw["distribute"] = {"strategy": "parameter_server"}
+    assert config_from_dict(raw).tables["item"].expected_keys == 9_000_000
+
+
+def test_synthetic_rows_beyond_memory_are_refused(tmp_path, memory):
+    """Finding 9: a huge `synthetic.rows` ended in a NumPy MemoryError traceback (or ran
+    into swap). 500 bytes a row: 2,000,000 rows (train + eval) is exactly 1 GB."""
+    raw = yaml.safe_load(DEMO.read_text(encoding="utf-8"))
+    raw["data"]["synthetic"].update(rows=1_960_000, eval_rows=40_000)
+    assert load_config(write(tmp_path, raw)).data.synthetic.rows == 1_960_000
+    raw["data"]["synthetic"]["rows"] = 1_960_001
+    file = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == (
+        f"{file}: data.synthetic.rows: 1960001 rows (+ 40000 eval rows) are generated in memory "
+        "at once, 500 bytes a row or more: at least 1 GB, more than this machine's memory (1 GB)"
+    )
+    # plan and export read no data: the rows are not theirs to check
+    assert load_config(file, needs_data=False).data.synthetic.rows == 1_960_001
+
+
+def test_data_train_is_required_only_by_commands_that_read_data(tmp_path):
+    """Finding 11: `recflow plan` and `recflow export` demanded data.train."""
+    raw = base_raw()
+    del raw["data"]["train"]
+    file = write(tmp_path, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == (
+        f"{file}: data.train: required for format 'csv' (in the file or --set data.train=PATH)"
+    )
+    assert load_config(file, needs_data=False).data.train == ()
+    assert config_from_dict(raw).data.train == ()
+
+
+def test_model_module_is_found_next_to_the_config_or_in_the_working_directory(
+    tmp_path, monkeypatch
+):
+    """Finding 11: `model.type: "mymodule:Cls"` needed PYTHONPATH. The lookup runs before
+    TensorFlow (no module code runs); a module found nowhere names where it looked."""
+    import sys
+
+    from recflow.config import model_module
+
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "tower_next_to_config.py").write_text("raise AssertionError('not run')\n")
+    (tmp_path / "tower_in_cwd.py").write_text("raise AssertionError('not run')\n")
+    monkeypatch.chdir(tmp_path)
+    raw = base_raw()
+    raw["model"] = {"type": "tower_next_to_config:Tower"}
+    config = load_config(write(folder, raw))
+    assert config.model.type == "tower_next_to_config:Tower"
+    assert model_module.folder_of("tower_next_to_config") == str(folder)
+    raw["model"] = {"type": "tower_in_cwd.sub:Tower"}
+    load_config(write(folder, raw))
+    assert model_module.folder_of("tower_in_cwd.sub") == str(tmp_path)
+    assert "tower_next_to_config" not in sys.modules and "tower_in_cwd" not in sys.modules
+    raw["model"] = {"type": "tower_nowhere:Tower"}
+    file = write(folder, raw)
+    with pytest.raises(ConfigError) as info:
+        load_config(file)
+    assert str(info.value) == (
+        f"{file}: model.type: no module 'tower_nowhere' on the Python path, in the config's "
+        f"folder {folder}, or in the working directory {tmp_path}"
+    )

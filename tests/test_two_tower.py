@@ -153,7 +153,7 @@ def test_retrieval_metrics_default_to_recall_at_10():
         ({"query_features": "user_id"}, "must be a non-empty list"),
         ({"temperature": 0}, "`temperature` must be a positive number"),
         ({"output_dim": -2}, "`output_dim` must be a positive integer"),
-        ({"hidden": [8]}, "'hidden'"),
+        ({"hidden": [8]}, "model.params.hidden: unknown parameter of two_tower"),
     ],
 )
 def test_two_tower_params_are_checked(params, fragment):

@@ -8,10 +8,12 @@ carries the dotted path of the offending value.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import types
 import typing
+from collections.abc import Iterable
 from typing import Any, Literal, Union
 
 from recflow.errors import ConfigError
@@ -83,15 +85,9 @@ def convert(value: Any, tp: Any, path: str) -> Any:
             raise ConfigError(path, f"expected true or false, got {_describe(value)}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected an integer, got {_describe(value)}")
-        return value
+        return _integer(value, path)
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, f"expected a number, got {_describe(value)}")
-        if not math.isfinite(value):
-            raise ConfigError(path, f"expected a finite number, got {_describe(value)}")
-        return float(value)
+        return _number(value, path)
     if tp is str:
         if not isinstance(value, str):
             raise ConfigError(path, f"expected a string, got {_describe(value)}")
@@ -118,6 +114,82 @@ def convert(value: Any, tp: Any, path: str) -> Any:
     raise TypeError(f"unsupported config type {tp!r} at {path}")
 
 
+# Integers go to TensorFlow and NumPy as int64; numbers are computed in float32.
+INT64_MAX = 2**63 - 1
+FLOAT32_MAX = 3.4028234663852886e38
+_EXACT_FLOAT_INT = 2**53  # floats up to here hold every integer exactly
+
+
+def _integer(value: Any, path: str) -> int:
+    """An int; a float written for one (`1e6`, `8.0`) counts when it is a whole number."""
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        if abs(value) >= 2**63:
+            raise ConfigError(path, f"out of range: {value:g} (integers are int64: |x| <= 2**63 - 1)")
+        if abs(value) > _EXACT_FLOAT_INT:
+            raise ConfigError(
+                path, f"expected an integer, got {value:g} (exact with an exponent up to 2**53: write the digits)"
+            )
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(path, f"expected an integer, got {_describe(value)}")
+    if not -INT64_MAX - 1 <= value <= INT64_MAX:
+        raise ConfigError(path, f"out of range: {_huge(value)} (integers are int64: |x| <= 2**63 - 1)")
+    return value
+
+
+def _huge(value: int) -> str:
+    """A large int for a message: its digits, or its length when they would not read."""
+    if value.bit_length() <= 128:
+        return str(value)
+    return f"an integer of {len(str(abs(value))) if value.bit_length() < 14000 else 'over 4000'} digits"
+
+
+def _number(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(path, f"expected a number, got {_describe(value)}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(path, f"expected a finite number, got {_describe(value)}")
+    if abs(value) > FLOAT32_MAX:
+        shown = f"{value:g}" if isinstance(value, float) else _huge(value)
+        raise ConfigError(
+            path, f"out of range: {shown} (numbers are computed in float32: |x| <= 3.4e38)"
+        )
+    return float(value)
+
+
+def _unknown_key(
+    key: Any,
+    allowed: Iterable[str],
+    family: dict[str, type] | None = None,
+    disc: str | None = None,
+    kind: str | None = None,
+) -> str:
+    """The message for a key a section does not have: the kind it belongs to (a key of
+    another `kind` or `type` of the same section), a close spelling, or the keys allowed."""
+    names = sorted(allowed)
+    if family and disc:
+        owners = [k for k, c in family.items() if key in {f.name for f in dataclasses.fields(c)}]
+        if owners:
+            kinds = " or ".join(repr(k) for k in owners)
+            return (
+                f"unknown key {key!r}: it is for {disc} {kinds} "
+                f"(allowed for {disc} {kind!r}: {', '.join(names)})"
+            )
+    close = _close_match(str(key), names)
+    if close:
+        return f"unknown key {key!r} (did you mean {close!r}?)"
+    return f"unknown key {key!r} (allowed: {', '.join(names)})"
+
+
+def _close_match(key: str, names: list[str]) -> str | None:
+    """A name that `key` misspells (`knd`) or lengthens (`dimension` for `dim`)."""
+    longer = [n for n in names if len(n) >= 3 and key.startswith(n)]
+    if longer:
+        return max(longer, key=len)
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.75)
+    return close[0] if close else None
+
+
 @functools.cache
 def _hints(cls: type) -> dict[str, Any]:
     # get_type_hints evaluates the string annotations: slow, and the same every time.
@@ -128,26 +200,29 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
     """Builds dataclass `cls` from a mapping; unknown keys are errors."""
     if not isinstance(value, dict):
         raise ConfigError(path, f"expected a mapping, got {_describe(value)}")
-    disc = getattr(cls, "__discriminator__", None)
-    if disc is not None and cls.__dict__.get("__discriminator__") is not None:
-        key, choices = disc
-        kind = value.get(key)
-        if not isinstance(kind, str) or kind not in choices:  # a list or mapping is unhashable
-            where = f"{path}.{key}" if path else key
+    family = disc = kind = None
+    if cls.__dict__.get("__discriminator__") is not None:
+        disc, family = cls.__discriminator__
+        kind = value.get(disc)
+        if not isinstance(kind, str) or kind not in family:  # a list or mapping is unhashable
+            where = f"{path}.{disc}" if path else disc
             if kind is None:
-                raise ConfigError(where, f"missing; expected one of {', '.join(map(repr, choices))}")
+                known = {f.name for c in family.values() for f in dataclasses.fields(c) if f.init}
+                for key in value:  # `knd: categorical` is a misspelt kind, not a missing one
+                    if key not in known:
+                        raise ConfigError(path, _unknown_key(key, known))
+                raise ConfigError(where, f"missing; expected one of {', '.join(map(repr, family))}")
             raise ConfigError(
-                where, f"expected one of {', '.join(map(repr, choices))}, got {_describe(kind)}"
+                where, f"expected one of {', '.join(map(repr, family))}, got {_describe(kind)}"
             )
-        cls = choices[kind]
+        cls = family[kind]
     hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     kwargs = {}
     for key, item in value.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
-            known = ", ".join(sorted(fields))
-            raise ConfigError(where, f"unknown key (allowed: {known})")
+            raise ConfigError(path, _unknown_key(key, fields, family, disc, kind))
         kwargs[key] = convert(item, hints[key], where)
     for name, field in fields.items():
         no_default = (

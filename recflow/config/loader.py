@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
 from collections.abc import Iterable
 from typing import Any
 
 import yaml
 
 from recflow.atomic import write_text
+from recflow.config import limits, model_module
 from recflow.config.convert import from_dict, to_dict
 from recflow.config.schema import Config, SequenceFeature
 from recflow.errors import ConfigError, RecflowError
@@ -16,15 +20,34 @@ from recflow.errors import ConfigError, RecflowError
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Splits `a.b.c=value` into (["a", "b", "c"], parsed YAML value)."""
     key, sep, raw = text.partition("=")
-    if not sep or not key or any(not part for part in key.split(".")):
+    keys = _split_key(key) if sep else None
+    if not keys:
         raise RecflowError(f"--set {text}: expected KEY=VALUE with a dotted KEY, e.g. train.steps=100")
     try:
         value = safe_load(raw) if raw.strip() else ""
     except NodeLimitError as e:
         raise RecflowError(f"--set {text}: {e}") from None
+    except DuplicateKeyError as e:
+        raise RecflowError(f"--set {text}: duplicate key {e.key!r}") from None
     except yaml.YAMLError as e:
         raise RecflowError(f"--set {text}: value is not valid YAML ({_first_line(e)})") from None
-    return key.split("."), value
+    return keys, value
+
+
+_KEY_PART = re.compile(r"([^.\[\]]+)((?:\[[0-9]+\])*)")
+
+
+def _split_key(key: str) -> list[str] | None:
+    """`features[5].max_len` (the form errors print) or `features.5.max_len` -> parts;
+    None when malformed."""
+    keys: list[str] = []
+    for part in key.split("."):
+        match = _KEY_PART.fullmatch(part)
+        if match is None:
+            return None
+        keys.append(match.group(1))
+        keys += re.findall(r"[0-9]+", match.group(2))
+    return keys
 
 
 def apply_overrides(raw: dict, overrides: Iterable[str]) -> dict:
@@ -121,10 +144,68 @@ def _expanded_size(root: yaml.Node, limit: int) -> int:
     return sizes[id(root)]
 
 
+class DuplicateKeyError(ValueError):
+    """A mapping that names one key twice (YAML lets the last one win silently)."""
+
+    def __init__(self, key, first: int, line: int):
+        self.key, self.first, self.line = key, first, line
+        super().__init__(f"duplicate key {key!r} (first at line {first})")
+
+
+# YAML 1.1 (PyYAML) reads `1e13` and `1.0e5` as strings: its floats need a dot and a signed
+# exponent. YAML 1.2 and every config a person writes mean numbers.
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class StrictLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses duplicate keys and reads `1e13` as a number."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == _MERGE_TAG:
+                    continue  # merged keys (`<<: *base`) may be overridden, as YAML says
+                key = self.construct_object(key_node)  # a scalar: hashable
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise DuplicateKeyError(key, seen[key], line)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+    def construct_yaml_int(self, node):
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # Python refuses to read ints of more than 4300 digits
+            raise yaml.constructor.ConstructorError(
+                None, None, "integer too long (more than 4300 digits)", node.start_mark
+            ) from None
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+
+
+class StrictDumper(yaml.SafeDumper):
+    """Quotes the strings `StrictLoader` would read as numbers (`'1e5'`)."""
+
+
+for _cls in (StrictLoader, StrictDumper):
+    _cls.add_implicit_resolver(_FLOAT_TAG, _EXPONENT_FLOAT, list("-+.0123456789"))
+
+
 def safe_load(text: str, limit: int = MAX_NODES):
-    """`yaml.safe_load`, refusing documents over `limit` nodes after alias expansion
-    before any Python object is built."""
-    loader = yaml.SafeLoader(text)
+    """YAML through `StrictLoader`, refusing documents over `limit` nodes after alias
+    expansion before any Python object is built.
+
+    Raises:
+        NodeLimitError: too many nodes, or a recursive alias.
+        DuplicateKeyError: a mapping names a key twice.
+        yaml.YAMLError: a syntax error.
+    """
+    loader = StrictLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -152,6 +233,8 @@ def read_yaml(path: str) -> dict:
         raw = safe_load(text)
     except NodeLimitError as e:
         raise RecflowError(f"{path}: {e}") from None
+    except DuplicateKeyError as e:
+        raise RecflowError(f"{path}:{e.line}: {e}") from None
     except RecursionError:
         raise RecflowError(f"{path}: YAML nested too deeply") from None
     except yaml.MarkedYAMLError as e:
@@ -167,24 +250,83 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
-def load_config(path: str, overrides: Iterable[str] = ()) -> Config:
+def load_config(path: str, overrides: Iterable[str] = (), needs_data: bool = True) -> Config:
     """Loads, overrides and validates a config file.
+
+    Args:
+        path: the YAML file; a `model.type: "module:Class"` module is also looked for
+            in its folder.
+        overrides: `--set` items, `KEY=VALUE`.
+        needs_data: the command reads the data (train, evaluate, data check): then
+            `data.train` is required and the synthetic rows must fit in memory.
+            `plan` and `export` read none.
 
     Raises:
         RecflowError: one line naming the file and the offending path.
     """
     raw = apply_overrides(read_yaml(path), overrides)
     try:
-        return config_from_dict(raw)
+        config = config_from_dict(raw, os.path.dirname(os.path.abspath(path)))
+        if needs_data:
+            check_data(config)
     except ConfigError as e:
         raise e.with_file(path) from None
+    return config
 
 
-def config_from_dict(raw: dict) -> Config:
-    """Converts and cross-checks a raw mapping."""
+def config_from_dict(raw: dict, config_dir: str | None = None) -> Config:
+    """Converts and cross-checks a raw mapping; `config_dir` is where a `module:Class`
+    model's module may live besides the Python path and the working directory.
+
+    The features come out sorted by name: the order of the config's lines then
+    decides nothing (table slots, the fusion plan and the tower's inputs all follow
+    this order), so reordering them cannot scramble a trained model.
+    """
     config = from_dict(Config, raw)
     check_references(config)
-    return config
+    check_memory(config)
+    model_module.locate(config.model.type, config_dir)
+    return dataclasses.replace(config, features=tuple(sorted(config.features, key=lambda f: f.name)))
+
+
+def check_data(config: Config) -> None:
+    """Checks what only a command that reads the data needs."""
+    data = config.data
+    if data.format != "synthetic":
+        if not data.train:
+            raise ConfigError(
+                "data.train",
+                f"required for format {data.format!r} (in the file or --set data.train=PATH)",
+            )
+        return
+    rows = data.synthetic.rows + data.synthetic.eval_rows
+    reason = limits.beyond_memory(rows * limits.SYNTHETIC_ROW_BYTES)
+    if reason is not None:
+        raise ConfigError(
+            "data.synthetic.rows",
+            f"{data.synthetic.rows} rows (+ {data.synthetic.eval_rows} eval rows) are generated "
+            f"in memory at once, {limits.SYNTHETIC_ROW_BYTES} bytes a row or more: {reason}",
+        )
+
+
+def check_memory(config: Config) -> None:
+    """Tables sized up front (`expected_keys`) must fit in memory when they live in this
+    process (`distribute.strategy: local`); each key takes its 8-byte key and `dim`
+    float32 values at least."""
+    if config.distribute.strategy != "local":
+        return  # the tables are spread over the parameter servers' memory
+    sized = {n: t for n, t in config.tables.items() if t.expected_keys}
+    total = sum(t.expected_keys * (8 + 4 * t.dim) for t in sized.values())
+    reason = limits.beyond_memory(total)
+    if reason is None:
+        return
+    name = max(sized, key=lambda n: sized[n].expected_keys * (8 + 4 * sized[n].dim))
+    table = sized[name]
+    together = " (with the other tables' expected_keys)" if len(sized) > 1 else ""
+    raise ConfigError(
+        f"tables.{name}.expected_keys",
+        f"{table.expected_keys} keys of dim {table.dim} are allocated up front{together}: {reason}",
+    )
 
 
 def check_references(config: Config) -> None:
@@ -213,6 +355,11 @@ def check_references(config: Config) -> None:
     for i, label in enumerate(labels):
         if label in seen:
             raise ConfigError(f"data.label[{i}]", f"{label!r} is also a feature")
+    for i, f in enumerate(config.features):
+        if f.source in labels:
+            raise ConfigError(
+                f"features[{i}].column", f"reads the label column {f.source!r}: the label would leak in"
+            )
     if config.task.type == "multitask":
         names = [t.name for t in config.task.tasks]
         if len(set(names)) != len(names):
@@ -239,4 +386,4 @@ def check_references(config: Config) -> None:
 
 def dump_config(config: Config, path: str) -> None:
     """Writes the resolved config as YAML, atomically (no temp file is left on failure)."""
-    write_text(path, yaml.safe_dump(to_dict(config), sort_keys=False))
+    write_text(path, yaml.dump(to_dict(config), Dumper=StrictDumper, sort_keys=False))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from recflow.config.limits import SEED_MAX
 from recflow.errors import ConfigError
 
 
@@ -20,6 +21,12 @@ def _positive(obj: Any, name: str, allow_none: bool = False) -> None:
     if value is None or value <= 0:
         kind = "integer" if isinstance(value, int) else "number"
         raise ConfigError(name, f"expected a positive {kind}, got {value!r}")
+
+
+def _seed(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    if not 0 <= value <= SEED_MAX:
+        raise ConfigError(name, f"expected an integer in [0, 2**32 - 1], got {value}")
 
 
 def _non_negative(obj: Any, name: str) -> None:
@@ -71,6 +78,7 @@ class SyntheticOptions:
     def validate(self) -> None:
         _positive(self, "rows")
         _positive(self, "eval_rows")
+        _seed(self, "seed")
 
 
 @dataclass(frozen=True)
@@ -79,7 +87,7 @@ class DataConfig:
 
     Attributes:
         format: the file format of `train` and `eval`, or `synthetic` for the built-in data.
-        train: training files: a glob or a list of globs (required unless `format: synthetic`).
+        train: training files: a glob or a list of globs (required to train, evaluate or check data, unless `format: synthetic`).
         eval: evaluation files; without them the metrics are computed on the training files.
         label: the label column (a list for several); multitask configs name theirs in `task.tasks`.
         batch_size: rows per training step.
@@ -116,10 +124,7 @@ class DataConfig:
         _positive(self, "batch_size")
         _positive(self, "shuffle_buffer")
         _positive(self, "sample_rows")
-        if self.format != "synthetic" and not self.train:
-            raise ConfigError(
-                "train", f"required for format {self.format!r} (in the file or --set data.train=PATH)"
-            )
+        _seed(self, "seed")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ConfigError(
                 "max_bad_fraction", f"expected a number in [0, 1], got {self.max_bad_fraction}"
@@ -711,6 +716,7 @@ class TrainConfig:
         _positive(self, "checkpoint_every_steps", allow_none=True)
         _positive(self, "keep_checkpoints")
         _positive(self, "log_every_steps")
+        _seed(self, "seed")
         if self.epochs is not None and self.steps is not None:
             raise ConfigError("steps", "set either epochs or steps, not both")
         if not self.model_dir:

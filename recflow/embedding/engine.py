@@ -560,6 +560,29 @@ class EmbeddingEngine(tf.Module):
                 )
         return out
 
+    def load_rows(self, name: str, rows: LogicalRows, keep_slots: bool = True) -> int:
+        """Inserts `rows` (of another model) into logical table `name` of this new,
+        empty engine, as last seen at step 0; returns the rows inserted.
+
+        `keep_slots` False starts the optimizer slots as the optimizer initializes them.
+        """
+        table = next(t for t in self.physical_tables if any(x.name == name for x in t.spec.logical))
+        n = int(rows.ids.size)
+        if n == 0:
+            return 0
+        slot = table.spec.slot(name)
+        keys = encode_parts([tf.constant(rows.ids, tf.int64)], [slot])
+        emb = tf.constant(rows.emb, tf.float32)
+        slots = (
+            tf.constant(rows.slots, tf.float32)
+            if keep_slots
+            else table.optimizer.initial_slots(tf.constant(n), table.spec.dim)
+        )
+        count = tf.constant(rows.count, tf.int32)
+        values = table.layout.pack(emb, slots, count, tf.zeros([n], tf.int32))
+        table.rows.insert(keys, values)
+        return n
+
     def updated_rows(self, since_step: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per logical table: (raw ids, embeddings) of rows updated after `since_step`."""
         out = {}

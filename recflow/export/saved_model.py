@@ -7,8 +7,9 @@ so it loads with `tf.saved_model.load` in a process without recflow.
 
 The version is the global step of the exported model, so versions are ordered
 by training progress (TF Serving serves the highest): a restart that replays
-steps rewrites the same versions, never an older model under a higher one.
+steps keeps the versions it finds (a version is never rewritten), never an older model under a higher one.
 `assets.extra/manifest.json` and the module's `global_step` record the step;
+`assets.extra/structure.json` the model's identity (`recflow.models.identity`);
 `assets.extra/recflow_config.yaml` holds the config without the model dir and
 with data paths cut to their file names.
 
@@ -19,6 +20,8 @@ its own side's raw columns: `query` -> {"embedding": [B, d]} and `candidate`
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shutil
@@ -29,9 +32,13 @@ import yaml
 from recflow.atomic import staged_dir, write_json
 from recflow.config.convert import to_dict
 from recflow.embedding.table import empty_buckets, segment_buckets
+from recflow.errors import RecflowError
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY
 from recflow.features.transform import serving_dtype, transform
+from recflow.models import identity
 from recflow.models.base import RankingModel, RetrievalModel
+
+logger = logging.getLogger(__name__)
 
 
 class ServingModule(tf.Module):
@@ -180,18 +187,33 @@ class Exporter:
     def export(self, model_dir: str, keep: int | None = None, step: int | None = None) -> str:
         """Writes `MODEL_DIR/export/<step>/` atomically; keeps the newest `keep` versions.
 
-        `step` defaults to the model's global step. An existing export of the same
-        step is replaced by a rename (readers never see a partial version).
+        `step` defaults to the model's global step. A version is never rewritten:
+        an existing export of the same step and model structure (a replayed step,
+        or `recflow export` run twice) is kept as it is.
+
+        Raises:
+            RecflowError: an export of this step exists for another model structure.
         """
         model = self.model
         if step is None:
             step = int(model.global_step)
+        export_dir = os.path.join(model_dir, "export")
+        final = os.path.join(export_dir, str(step))
+        current = identity.structure(model)
+        if os.path.isdir(final):
+            saved = _saved_structure(final)
+            if saved != current:
+                raise RecflowError(
+                    f"{final}: an export of step {step} exists for another model structure "
+                    f"({'none recorded' if saved is None else identity.differences(saved, current)[0][0] + ' differs'}); "
+                    "versions are never rewritten: move it away, or train on to a later step"
+                )
+            logger.info("%s exists (same step, same structure): kept", final)
+            return final
         if self.module is None:
             self.module = ServingModule(model, step)
         else:
             self.module.refresh(step)
-        export_dir = os.path.join(model_dir, "export")
-        final = os.path.join(export_dir, str(step))
         with staged_dir(final) as tmp:
             tf.saved_model.save(
                 self.module, tmp, signatures=self.module.serving_signatures, options=SAVE_OPTIONS
@@ -201,15 +223,19 @@ class Exporter:
             with open(os.path.join(extra, "recflow_config.yaml"), "w", encoding="utf-8") as f:
                 yaml.safe_dump(portable_config(model.config), f, sort_keys=False)
             write_json(os.path.join(extra, "manifest.json"), {"step": step, "version": step})
-            if os.path.isdir(final):  # the same step exported before (a replayed step)
-                old = os.path.join(export_dir, f".tmp-replaced-{step}")
-                shutil.rmtree(old, ignore_errors=True)
-                os.replace(final, old)
-                shutil.rmtree(old, ignore_errors=True)
+            write_json(os.path.join(extra, identity.EXPORT_FILE), current)
         if keep:
             for old in existing_versions(export_dir)[:-keep]:
                 shutil.rmtree(os.path.join(export_dir, str(old)), ignore_errors=True)
         return final
+
+
+def _saved_structure(export: str) -> dict | None:
+    try:
+        with open(os.path.join(export, "assets.extra", identity.EXPORT_FILE), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
 
 
 # The serving graph only: no debug info, no gradient functions of custom gradients.

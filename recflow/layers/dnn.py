@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 import tf_keras as keras
 
+from recflow.config import limits
 from recflow.layers.dice import Dice
 
 
@@ -43,6 +44,28 @@ def check_activation(name: str, value) -> str:
         except ValueError:
             raise ValueError(message) from None
     return value
+
+
+def check_weights_fit(
+    layer: str, hidden_units: Sequence[int], output_units: int | None, in_dim: int | None = None
+) -> None:
+    """Raises `MemoryLimitError` when the kernels of the `Dense` layers of `hidden_units`
+    (then `output_units`) after `in_dim` inputs (1 or more when not known yet) cannot
+    fit in this machine's memory.
+
+    Each weight takes 8 bytes in training (its float32 value and gradient); counting
+    the kernels only, the bound never refuses a stack that could fit
+    (`recflow.config.limits`).
+    """
+    sizes = [in_dim or 1, *hidden_units, *([output_units] if output_units else [])]
+    weights = sum(a * b for a, b in zip(sizes, sizes[1:]))
+    reason = limits.beyond_memory(8 * weights)
+    if reason is not None:
+        inputs = f" after {in_dim} inputs" if in_dim else ""
+        raise limits.MemoryLimitError(
+            f"layer {layer!r}: `hidden_units` needs {weights:.3g} float32 weights{inputs}, with their gradients "
+            f"{reason}. Received: hidden_units={list(hidden_units)!r}"
+        )
 
 
 def build_sublayer(layer: keras.layers.Layer, input_shape) -> None:
@@ -83,6 +106,8 @@ class DNN(keras.layers.Layer):
     TensorShape([8, 1])
     """
 
+    _ARGUMENTS = ("hidden_units", "activation", "dropout", "use_batch_norm", "l2", "output_units")
+
     def __init__(
         self,
         hidden_units: Sequence[int],
@@ -93,7 +118,15 @@ class DNN(keras.layers.Layer):
         output_units: int | None = None,
         **kwargs,
     ):
-        super().__init__(**kwargs)
+        try:
+            super().__init__(**kwargs)
+        except TypeError as e:  # Keras: ('Keyword argument not understood:', 'foo')
+            if len(e.args) != 2 or not str(e.args[0]).startswith("Keyword argument not understood"):
+                raise
+            allowed = ", ".join(self._ARGUMENTS)
+            raise TypeError(
+                f"unknown argument {e.args[1]!r} of DNN (its arguments: {allowed})"
+            ) from None
         self.hidden_units = check_units("hidden_units", hidden_units)
         self.activation = check_activation("activation", activation)
         if (
@@ -110,6 +143,7 @@ class DNN(keras.layers.Layer):
             raise ValueError(f"`l2` must be a float >= 0. Received: l2={l2!r}")
         if output_units is not None:
             output_units = check_positive_int("output_units", output_units)
+        check_weights_fit(self.name, self.hidden_units, output_units)
         self.dropout = float(dropout)
         self.use_batch_norm = use_batch_norm
         self.l2 = float(l2)
@@ -152,6 +186,7 @@ class DNN(keras.layers.Layer):
                 "`DNN` expects a tensor of rank >= 2 with a known last dimension. "
                 f"Received: input_shape={input_shape}"
             )
+        check_weights_fit(self.name, self.hidden_units, self.output_units, in_dim=int(shape[-1]))
         for i, dense in enumerate(self.dense_layers):
             build_sublayer(dense, shape)
             shape = shape[:-1].concatenate([dense.units])

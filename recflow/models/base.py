@@ -14,7 +14,6 @@ the task heads and their losses, `train_step`, and the inputs the tower sees:
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from typing import Callable
 
 import tensorflow as tf
@@ -345,7 +344,7 @@ class RetrievalModel(RankingModel):
 def build_model(config: Config, placement: Placement | None = None) -> RankingModel:
     """Instantiates `config.model` with its params."""
     from recflow.errors import ConfigError
-    from recflow.models.registry import get_model_class
+    from recflow.models.registry import check_params, get_model_class
 
     cls = get_model_class(config.model.type)
     retrieval = config.task.type == "retrieval"
@@ -360,10 +359,7 @@ def build_model(config: Config, placement: Placement | None = None) -> RankingMo
             f"model {config.model.type!r} is a retrieval model: expected 'retrieval', got {config.task.type!r}",
         )
     params = config.model.params
-    try:
-        inspect.signature(cls).bind(config, placement=placement, **params)
-    except TypeError as e:
-        raise ConfigError("model.params", f"{e} (for {cls.__name__})") from None
+    check_params(cls, config.model.type, params)
     try:
         return cls(config, placement=placement, **params)
     except (TypeError, ValueError) as e:

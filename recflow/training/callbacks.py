@@ -21,7 +21,8 @@ checkpoint and rewrites this step's delta and export, and the checkpoint
 records the delta's step, so a resume continues the delta chain exactly.
 User callbacks run after the built-in ones; setting `self.model.stop_training
 = True` (as in Keras) ends training after the current step with a final
-checkpoint.
+checkpoint. SIGTERM and SIGINT are handled by the trainer itself
+(`Trainer.signals_stop`), the same way for the CLI and the Python API.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ import contextlib
 import logging
 import math
 import os
-import signal
-import threading
 import time
 
 import tensorflow as tf
@@ -225,36 +224,6 @@ def write_evaluation(model_dir: str, step: int, result: dict) -> None:
             if math.isfinite(value):
                 tf.summary.scalar(f"eval/{key}", value)
     writer.close()
-
-
-class StopOnSignal(keras.callbacks.Callback):
-    """Ends training after the current step on SIGTERM / SIGINT (Ctrl-C), with a final
-    checkpoint; the previous handlers are back after training. Does nothing outside
-    the main thread (Python delivers signals there only).
-
-    Args:
-        signals: the signals to catch.
-    """
-
-    def __init__(self, signals=(signal.SIGTERM, signal.SIGINT)):
-        super().__init__()
-        self.signals = tuple(signals)
-        self._previous: dict = {}
-
-    def on_train_begin(self, logs=None):
-        if threading.current_thread() is not threading.main_thread():
-            return
-
-        def stop(signum, frame):
-            logger.warning("signal %d: stopping after the current step", signum)
-            self.model.stop_training = True
-
-        self._previous = {s: signal.signal(s, stop) for s in self.signals}
-
-    def on_train_end(self, logs=None):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
 
 
 def default_callbacks(trainer) -> list[keras.callbacks.Callback]:

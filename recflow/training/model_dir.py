@@ -62,7 +62,13 @@ def writer_lock(model_dir: str, command: str) -> Iterator[None]:
     """
     ensure_dir(model_dir)
     path = os.path.join(model_dir, LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except PermissionError:
+        raise RecflowError(
+            f"{model_dir}: not writable (permission denied on {LOCK_FILE}); train, evaluate and "
+            "export write the model dir: use one you can write, or copy it"
+        ) from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

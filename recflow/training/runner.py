@@ -24,6 +24,7 @@ import tensorflow as tf
 from recflow.data import pipeline
 from recflow.data.pipeline import NONFINITE, TRUNCATED
 from recflow.errors import DataError
+from recflow.quiet import native_stderr_silenced
 from recflow.training.chunk import train_chunk
 from recflow.training.progress import Progress, pass_position
 
@@ -44,6 +45,7 @@ class LocalRunner:
         # Steps of a pass, for the progress bar only: not counted when there is none.
         self.per_epoch = trainer.steps_per_epoch(self.files) if trainer.verbose else None
         self._step_fn = None
+        self._first_step = True
 
     def open(self, epoch: tf.Variable) -> None:
         """Builds the iterator of `epoch` and restores the latest checkpoint (with its position)."""
@@ -101,7 +103,12 @@ class LocalRunner:
             if size == 0:  # every row of the batch was bad: no step
                 model.bad_records.assign_add(int(batch_bad))
                 continue
-            loss = float(self._step_fn(batch)["loss"])
+            if self._first_step and config.train.xla:
+                with native_stderr_silenced():  # absl's XLA start-up lines
+                    loss = float(self._step_fn(batch)["loss"])
+            else:
+                loss = float(self._step_fn(batch)["loss"])
+            self._first_step = False
             step += 1
             examples += size
             if not np.isfinite(loss):

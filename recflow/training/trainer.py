@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from typing import Callable
 
@@ -21,12 +24,14 @@ from recflow.data.pipeline import NONFINITE, TRUNCATED, reused
 from recflow.embedding import lifecycle
 from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
-from recflow.errors import DataError
+from recflow.errors import DataError, RecflowError
 from recflow.export.saved_model import Exporter
 from recflow.features import fit
 from recflow.features.transform import transform
+from recflow.models import identity
 from recflow.models.base import RankingModel, build_model
 from recflow.training import model_dir as model_dir_lib
+from recflow.training import warm_start as warm_start_lib
 from recflow.training.callbacks import (
     CallbackList,
     TableHealth,
@@ -76,6 +81,9 @@ class Trainer:
         placement: embedding shard placement (parameter servers); local by default.
         callbacks: more `tf_keras.callbacks.Callback`s, run after the built-in ones;
             one may end training with `self.model.stop_training = True`.
+        warm_start: a model dir whose rows and weights a new model dir starts from,
+            wherever they still fit (see `recflow.training.warm_start`); ignored once
+            the model dir has a checkpoint (a restart resumes it).
     """
 
     def __init__(
@@ -85,9 +93,12 @@ class Trainer:
         verbose: int = 1,
         placement: Placement | None = None,
         callbacks=None,
+        warm_start: str | None = None,
     ):
         self.model_dir = model_dir or config.train.model_dir
         self.verbose = verbose
+        self.warm_start = warm_start
+        self.warm_start_report: dict | None = None
         rows = config.data.sample_rows
         config, warnings = fit.resolve(  # `auto` normalizers
             config, self.model_dir,
@@ -111,7 +122,14 @@ class Trainer:
         # The step of the last delta written, saved in each checkpoint: a resume
         # continues the delta chain from its checkpoint, not from what is on disk.
         self._delta_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_step")
+        # What the variables mean (`recflow.models.identity`), in every checkpoint.
+        self.structure = identity.structure(self.model)
+        self._structure = tf.Variable(
+            identity.dumps(self.structure), trainable=False, name=identity.VARIABLE
+        )
         self._saved_step = -1
+        self._record_config = False  # training writes config.yaml once its checkpoint restored
+        self.interrupted: int | None = None  # the signal that stopped training, if one did
         self.model.stop_training = False
         self.table_health = TableHealth(self)  # evictions and admissions, for TensorBoard
         self.callbacks = CallbackList(default_callbacks(self) + list(callbacks or []), self.model)
@@ -204,7 +222,13 @@ class Trainer:
             **extra: more trackable objects to save under their names (e.g. `epoch`).
         """
         model = self.model
-        objects = {"model": model, "optimizer": model.optimizer, "delta_step": self._delta_step, **extra}
+        objects = {
+            "model": model,
+            "optimizer": model.optimizer,
+            "delta_step": self._delta_step,
+            identity.VARIABLE: self._structure,
+            **extra,
+        }
         if iterator is not None:
             objects["iterator"] = iterator
         self._checkpoint = tf.train.Checkpoint(**objects)
@@ -222,6 +246,7 @@ class Trainer:
             return
         if latest:
             check_checkpoint(latest)
+            self.check_identity(latest)
             self.status(f"Restoring {latest}")
             self._checkpoint.restore(latest).expect_partial()
             self._saved_step = int(model.global_step)
@@ -229,6 +254,22 @@ class Trainer:
         model_dir_lib.set_aside_stale_deltas(
             os.path.join(self.model_dir, "deltas"), int(model.global_step)
         )
+        if self._record_config:  # only once the model dir's checkpoint is known to fit
+            dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
+
+    def check_identity(self, checkpoint: str) -> None:
+        """Refuses (one line, nothing written) a checkpoint whose variables mean something
+        else under this config: see `recflow.models.identity`."""
+        reader = tf.train.load_checkpoint(checkpoint)
+        name = f"{identity.VARIABLE}/.ATTRIBUTES/VARIABLE_VALUE"
+        if not reader.has_tensor(name):
+            raise RecflowError(
+                f"{self.model_dir}: its checkpoint {os.path.basename(checkpoint)} records no model "
+                "structure (written by an older recflow), so it cannot be checked against this "
+                "config; train a new model dir"
+            )
+        saved = json.loads(reader.get_tensor(name).decode())
+        identity.check(saved, self.structure, self.model_dir)
 
     def restore(self) -> int:
         """Restores the latest checkpoint (without input position); returns its step."""
@@ -259,9 +300,14 @@ class Trainer:
         return path
 
     def save_final_checkpoint(self) -> None:
-        """The end-of-training checkpoint (with eviction), unless this step was just saved."""
+        """The end-of-training checkpoint, unless this step was just saved.
+
+        Eviction runs at it when training ended; not when a signal interrupted it: the
+        resumed run then goes on exactly as one never interrupted (whose schedule has no
+        eviction at this step).
+        """
         if self._saved_step != int(self.model.global_step):
-            self.save_checkpoint()
+            self.save_checkpoint(evict=self.interrupted is None)
 
     def write_delta(self) -> str:
         """Writes `deltas/<step>/`: rows updated since the previous delta (kept if up to date).
@@ -328,6 +374,10 @@ class Trainer:
             return self.already_done(int(epoch))
         runner = self.runner = self.make_runner()
         runner.open(epoch)
+        if self.warm_start and self._saved_step < 0:  # a new model dir: nothing restored
+            self.warm_start_report = warm_start_lib.warm_start(self.model, self.warm_start)
+            if self.verbose:
+                print(warm_start_lib.describe(self.warm_start_report))
         began, start = time.perf_counter(), int(self.model.global_step)
         if steps is not None and start >= steps:
             return self.already_done(int(epoch))
@@ -345,7 +395,10 @@ class Trainer:
             if not resumed:  # now known, for the next passes' progress bar
                 runner.epoch_steps(int(self.model.global_step) - pass_start)
             resumed = False
-            if (steps is not None and self.model.global_step >= steps) or self.stop_requested:
+            if steps is not None and self.model.global_step >= steps:
+                self.interrupted = None  # a signal during the last step: the run is complete
+                break
+            if self.stop_requested:
                 break
             epoch.assign_add(1)  # the pass ended
             self.timing.pass_begins(int(epoch))
@@ -356,6 +409,7 @@ class Trainer:
             self._saved_step = -1  # the final checkpoint must record the new epoch
             self.callbacks.on_epoch_end(int(epoch) - 1, {"examples": self.examples_trained})
             if last:
+                self.interrupted = None  # a signal during the last step: the run is complete
                 break
         if int(self.model.global_step) == 0 and not self.stop_requested:
             raise DataError(
@@ -379,17 +433,39 @@ class Trainer:
         return {"steps": step, "epoch": epoch, "examples": 0, "already_done": True}
 
     def prepare_model_dir(self) -> None:
+        """Creates the model dir; its config.yaml is written once its checkpoint restored."""
         model_dir_lib.ensure_dir(self.model_dir)
-        dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
+        self._record_config = True
 
     @property
     def stop_requested(self) -> bool:
         """Whether training ends after the current step (`model.stop_training`, as in Keras)."""
         return bool(self.model.stop_training)
 
-    def request_stop(self) -> None:
-        """Asks the loop to stop after the current step (signal handlers and callbacks call this)."""
+    def request_stop(self, signum: int | None = None) -> None:
+        """Asks the loop to stop after the current step; `signum`: the signal that asked."""
+        if signum is not None and self.interrupted is None:
+            logger.warning("%s: stopping after the current step", signal.Signals(signum).name)
+            self.interrupted = signum
         self.model.stop_training = True
+
+    @contextlib.contextmanager
+    def signals_stop(self):
+        """SIGTERM and SIGINT (Ctrl-C) stop training after the current step with a final
+        checkpoint, inside the block; the previous handlers are back after it. Only in
+        the main thread (Python delivers signals there only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {
+            s: signal.signal(s, lambda signum, _: self.request_stop(signum))
+            for s in (signal.SIGTERM, signal.SIGINT)
+        }
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
     def run_steps(
         self,
@@ -457,8 +533,13 @@ class Trainer:
         `train` replaces `fit` (e.g. streaming training); evaluation then runs
         only when `data.eval` is set.
         """
-        with self.timing.phase("train"):
+        with self.timing.phase("train"), self.signals_stop():
             summary = (train or self.fit)()
+        if self.interrupted is not None and train is None:
+            # A file run cut short: its checkpoint is written; evaluation, export and
+            # metrics belong to the run that finishes it.
+            summary["interrupted"] = signal.Signals(self.interrupted).name
+            return summary
         if summary.get("already_done"):
             if self._ended(summary["steps"]):
                 return summary
@@ -473,6 +554,8 @@ class Trainer:
         result["bad_records"] = int(self.model.bad_records) + (
             eval_bad if result.get("eval_split") == "eval" else 0
         )
+        if self.warm_start_report is not None:
+            result["warm_start"] = self.warm_start_report
         result["examples_read"] = self.rows_read
         result["nonfinite_values"] = self.nonfinite_values
         result["truncated_rows"] = self.truncated_rows

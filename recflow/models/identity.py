@@ -1,0 +1,126 @@
+"""A model's identity: what decides what its variables mean, recorded in every
+checkpoint and export, and compared before a model dir is read.
+
+Reordering two feature lines, flipping `embedding.fusion` or changing a table's
+dim must not read a trained model's rows from the wrong slots or its weights
+into the wrong places. `structure(model)` describes everything that fixes the
+meaning of the variables:
+
+- `features`: kind, id dtype and logical table of each feature (sequences: their
+  `max_len`; numeric: their normalizer's type and bucket boundaries);
+- `tables`: dim and sparse optimizer type (the row layout) of each logical table;
+- `fusion`: which logical tables share each physical table, in slot order;
+- `model`: class and params; `task`: type and heads; the dense optimizer type;
+- `parameter_servers`: the number of shards every table is split into (a
+  checkpoint resumed on another count would look rows up on the wrong shard).
+
+Features and tables are keyed by name, so the order of config lines changes
+nothing (the config loader also sorts features by name, which makes the slot
+assignment and the tower's input order independent of it). What only changes
+how training proceeds (learning rates, steps, schedules, data paths) is left
+out, so it may change on resume.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from recflow.errors import RecflowError
+
+VARIABLE = "structure"  # the checkpointed tf.Variable holding the JSON
+EXPORT_FILE = "structure.json"  # in an export's assets.extra/
+
+
+def structure(model) -> dict:
+    """The identity of a built `RankingModel` (plain JSON-able values)."""
+    config = model.config
+    engine = model.embedding
+    features = {}
+    for f in config.features:
+        entry: dict[str, Any] = {"kind": f.kind}
+        if f.is_sparse:
+            entry.update(dtype=f.dtype, table=f.table_name)
+            if f.kind == "sequence":
+                entry["max_len"] = f.max_len
+            if f.kind == "multi_hot":
+                entry["combiner"] = f.combiner
+        elif f.normalizer is not None:
+            entry["normalizer"] = f.normalizer.type
+            if f.normalizer.type == "bucketize":
+                entry["boundaries"] = list(f.normalizer.boundaries)
+        features[f.name] = entry
+    tables, fusion = {}, {}
+    for physical in engine.plan:
+        fusion[physical.name] = [t.name for t in physical.logical]
+        for t in physical.logical:
+            tables[t.name] = {"dim": t.dim, "optimizer": t.optimizer.type}
+    task = config.task
+    return {
+        "features": features,
+        "tables": tables,
+        "fusion": fusion,
+        "model": {"type": config.model.type, "params": _plain(config.model.params)},
+        "task": {
+            "type": task.type,
+            "heads": {t.name: {"label": t.label, "type": t.type} for t in task.tasks},
+        },
+        "dense_optimizer": config.train.optimizer.type,
+        "parameter_servers": engine.placement.num_shards,
+    }
+
+
+def dumps(value: dict) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def _plain(value):
+    """`value` as JSON would give it back (tuples become lists), so a saved
+    structure compares equal to a computed one."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def differences(saved: dict, current: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """(dotted path, saved value, current value) of each leaf that differs; a key
+    present on one side only has `None` on the other."""
+    out = []
+    for key in sorted(set(saved) | set(current), key=str):
+        path = f"{prefix}.{key}" if prefix else str(key)
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(differences(a, b, path))
+        elif a != b:
+            out.append((path, a, b))
+    return out
+
+
+def _shown(value) -> str:
+    if value is None:
+        return "absent"
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def check(saved: dict | None, current: dict, where: str) -> None:
+    """Raises RecflowError (one line) when `saved` (read from `where`) differs from `current`.
+
+    The line lists every difference, e.g. `tables.user.dim: 8 in runs/a, 16 in
+    this config`, and says how to go on.
+    """
+    if saved is None or saved == current:
+        return
+    changes = differences(saved, current)
+    shown = "; ".join(
+        f"{path}: {_shown(a)} in {where}, {_shown(b)} in this config" for path, a, b in changes[:8]
+    )
+    more = f" (and {len(changes) - 8} more)" if len(changes) > 8 else ""
+    ps = any(path == "parameter_servers" for path, _, _ in changes)
+    hint = (
+        "resume with the same number of parameter servers (resharding a checkpoint is not "
+        "supported yet), or start a new model dir with `--warm-start`"
+        if ps and len(changes) == 1
+        else "restore the config it was trained with, or train a new model dir from it with "
+        "`recflow train CONFIG --model-dir NEW --warm-start OLD`"
+    )
+    raise RecflowError(
+        f"{where}: the config changes what the trained model's variables mean: {shown}{more}; {hint}"
+    )

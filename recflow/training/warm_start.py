@@ -1,0 +1,143 @@
+"""`recflow train CONFIG --warm-start FROM_DIR`: a new model dir that starts from
+another one's rows and weights wherever they still fit.
+
+This is how a production model gets a feature added or removed without losing
+its embeddings: the changed config cannot resume the old model dir (its
+identity differs, see `recflow.models.identity`), but it can start from it.
+
+What is carried over, read from FROM_DIR's newest readable checkpoint (FROM_DIR
+is only read):
+
+- **rows** of every logical table that exists in both configs with the same dim:
+  each id keeps its embedding and sighting count, and its optimizer slots when
+  the sparse optimizer type is the same (otherwise they start as the optimizer
+  initializes them). The rows count as last seen at step 0 of the new run, so
+  `eviction.ttl_steps` measures from the warm start. Keys still waiting for
+  admission are not carried (they hold only a counter);
+- **dense weights** of the same model class whose variable path and shape are
+  the same (a layer whose input width changed, e.g. the first DNN layer after a
+  feature was added, starts fresh).
+
+Everything else (new tables, new layers, the dense optimizer's state, the step)
+starts fresh: the new model dir begins at step 0.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import tensorflow as tf
+
+from recflow.config.loader import load_config
+from recflow.embedding.placement import ModPlacement
+from recflow.errors import RecflowError
+from recflow.models import identity
+from recflow.models.base import build_model
+from recflow.training import model_dir as model_dir_lib
+
+logger = logging.getLogger(__name__)
+
+
+def _source_model(source: str):
+    """The model of `source` (a model dir), restored from its newest readable checkpoint."""
+    config_path = os.path.join(source, "config.yaml")
+    if not os.path.isfile(config_path):
+        raise RecflowError(f"--warm-start {source}: not a model dir (no config.yaml)")
+    latest = model_dir_lib.readable_checkpoint(os.path.join(source, "checkpoints"))
+    if latest is None:
+        raise RecflowError(f"--warm-start {source}: no checkpoint to start from")
+    config = load_config(config_path)
+    reader = tf.train.load_checkpoint(latest)
+    name = f"{identity.VARIABLE}/.ATTRIBUTES/VARIABLE_VALUE"
+    if not reader.has_tensor(name):
+        raise RecflowError(f"--warm-start {latest}: written by an older recflow (no recorded structure)")
+    saved = json.loads(reader.get_tensor(name).decode())
+    model = build_model(config, ModPlacement(saved["parameter_servers"]))
+    model.build_weights()
+    identity.check(saved, identity.structure(model), source)  # its config.yaml must match
+    tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    return model, latest
+
+
+def variable_paths(model) -> dict[str, tf.Variable]:
+    """The model's variables outside the embedding engine, each under one stable path:
+    its shortest attribute path without Keras's private tracking lists."""
+    best: dict[int, tuple] = {}
+    for path, variable in model._flatten(
+        predicate=lambda v: isinstance(v, tf.Variable), with_path=True
+    ):
+        if not path or path[0] == "embedding":
+            continue
+        private = sum(1 for p in path if isinstance(p, str) and p.startswith("_"))
+        rank = (private, len(path), tuple(map(str, path)))
+        if id(variable) not in best or rank < best[id(variable)][0]:
+            best[id(variable)] = (rank, "/".join(map(str, path)), variable)
+    return {name: variable for _, name, variable in best.values()}
+
+
+def warm_start(model, source: str) -> dict:
+    """Copies into `model` (fresh, at step 0) what still fits of model dir `source`.
+
+    Returns:
+        A report: `tables` {name: rows carried}, `fresh_tables`, `slots_reset` (tables
+        whose optimizer changed), `dense` {carried, fresh: [paths]}, `from` (the checkpoint).
+    """
+    if int(model.global_step) != 0:
+        raise RecflowError("--warm-start applies to a new model dir only")
+    old, checkpoint = _source_model(source)
+    old_rows = old.embedding.logical_rows()
+    old_tables = {t.name: t for p in old.embedding.plan for t in p.logical}
+    carried, fresh, slots_reset = {}, [], []
+    for physical in model.embedding.plan:
+        for table in physical.logical:
+            before = old_tables.get(table.name)
+            if before is None or before.dim != table.dim:
+                fresh.append(table.name)
+                continue
+            same_slots = before.optimizer.type == table.optimizer.type
+            if not same_slots:
+                slots_reset.append(table.name)
+            carried[table.name] = model.embedding.load_rows(
+                table.name, old_rows[table.name], keep_slots=same_slots
+            )
+    dense_carried, dense_fresh = 0, []
+    if old.config.model.type == model.config.model.type:
+        old_vars = variable_paths(old)
+        for path, variable in sorted(variable_paths(model).items()):
+            source_var = old_vars.get(path)
+            if (
+                source_var is not None
+                and variable.trainable
+                and source_var.shape == variable.shape
+                and source_var.dtype == variable.dtype
+            ):
+                variable.assign(source_var)
+                dense_carried += 1
+            elif variable.trainable:
+                dense_fresh.append(path)
+    else:
+        dense_fresh = sorted(p for p, v in variable_paths(model).items() if v.trainable)
+    report = {
+        "from": checkpoint,
+        "tables": carried,
+        "fresh_tables": sorted(fresh),
+        "slots_reset": sorted(slots_reset),
+        "dense": {"carried": dense_carried, "fresh": dense_fresh},
+    }
+    logger.info("warm start from %s: %s", checkpoint, report)
+    return report
+
+
+def describe(report: dict) -> str:
+    """One line for the console."""
+    tables = ", ".join(f"{name} ({rows} rows)" for name, rows in sorted(report["tables"].items()))
+    parts = [f"warm start from {report['from']}: rows of {tables or 'no table'}"]
+    if report["fresh_tables"]:
+        parts.append(f"fresh tables: {', '.join(report['fresh_tables'])}")
+    if report["slots_reset"]:
+        parts.append(f"optimizer slots reset: {', '.join(report['slots_reset'])}")
+    dense = report["dense"]
+    parts.append(f"dense: {dense['carried']} variables carried, {len(dense['fresh'])} fresh")
+    return "; ".join(parts)

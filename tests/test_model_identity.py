@@ -1,0 +1,186 @@
+"""A trained model's identity: config changes against a model dir are refused with
+one line and nothing written; reordered config lines change nothing; an export
+version is never rewritten; exports are readable by other users."""
+
+import json
+import os
+import stat
+
+import pytest
+import yaml
+
+import recflow
+from recflow.cli import main
+
+CONFIG = "configs/deepfm_demo.yaml"
+SMALL = {
+    "data.synthetic": {"rows": 1024, "eval_rows": 256, "seed": 3, "schema": "demo"},
+    "data.batch_size": 128,
+    "model.params": {"dnn": {"hidden_units": [8]}},
+    "train.epochs": 1,
+    "train.checkpoint_every_steps": 4,
+    "tables.item.admission": {"min_count": 2},
+    "tables.user.eviction": {"ttl_steps": 3},
+}
+
+
+def _sets(overrides: dict) -> list[str]:
+    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A model dir trained once for the whole module (8 steps, 2 checkpoints and the export)."""
+    model_dir = tmp_path_factory.mktemp("identity") / "model"
+    metrics = recflow.train(CONFIG, model_dir=str(model_dir), overrides=SMALL)
+    assert metrics["steps"] == 8
+    return model_dir, metrics
+
+
+def _snapshot(model_dir) -> dict:
+    """Every file of the model dir (but the lock) with its bytes."""
+    out = {}
+    for root, _, files in os.walk(model_dir):
+        for name in files:
+            path = os.path.join(root, name)
+            if name != ".lock":
+                with open(path, "rb") as f:
+                    out[os.path.relpath(path, model_dir)] = f.read()
+    return out
+
+
+def _reordered_config(tmp_path) -> str:
+    """The demo config with its feature lines in reverse order and its table lines swapped."""
+    with open(CONFIG, encoding="utf-8") as f:
+        raw = yaml.safe_load(f)
+    raw["features"] = raw["features"][::-1]
+    raw["tables"] = dict(reversed(list(raw["tables"].items())))
+    path = tmp_path / "reordered.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def test_reordered_feature_lines_read_the_same_model(trained, tmp_path):
+    model_dir, metrics = trained
+    reordered = _reordered_config(tmp_path)
+    again = recflow.evaluate(reordered, model_dir=str(model_dir), overrides=SMALL)
+    assert again["auc"] == metrics["auc"]
+    assert again["logloss"] == metrics["logloss"]
+    # The plan is the same whatever the order of the lines: same physical tables, same slots.
+    from recflow.embedding.planner import plan_tables
+
+    a = recflow.api.load(CONFIG, overrides=SMALL)
+    b = recflow.api.load(reordered, overrides=SMALL)
+    assert [f.name for f in a.features] == sorted(f.name for f in a.features)
+    assert plan_tables(a, first_order=True) == plan_tables(b, first_order=True)
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ({"tables.user.dim": 16}, "tables.user.dim: 8 in"),
+        ({"embedding.fusion": False}, "fusion."),
+        ({"model.params": {"dnn": {"hidden_units": [16]}}}, "model.params.dnn.hidden_units: [8] in"),
+        ({"train.sparse_optimizer": {"type": "adagrad"}}, "optimizer: adam in"),
+        ({"features.city.kind": "multi_hot"}, "features.city.kind: categorical in"),
+        ({"train.optimizer": {"type": "sgd"}}, "dense_optimizer: adam in"),
+    ],
+)
+@pytest.mark.parametrize("command", ["train", "evaluate", "export"])
+def test_a_changed_structure_is_refused_and_nothing_is_written(
+    trained, capsys, override, expected, command
+):
+    model_dir, _ = trained
+    before = _snapshot(model_dir)
+    capsys.readouterr()
+    code = main([command, CONFIG, "--model-dir", str(model_dir), *_sets({**SMALL, **override})])
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("recflow: "), err
+    assert expected in lines[0] and "in this config" in lines[0], lines[0]
+    assert _snapshot(model_dir) == before  # config.yaml, checkpoints and exports untouched
+
+
+@pytest.mark.parametrize("change", ["added", "removed"])
+def test_an_added_or_removed_feature_is_refused_naming_it(trained, capsys, change):
+    model_dir, _ = trained
+    raw = yaml.safe_load(open(CONFIG, encoding="utf-8"))
+    if change == "added":
+        raw["features"].append({"name": "region", "kind": "categorical", "column": "city", "dim": 8})
+        expected = "features.region: absent in"
+    else:
+        raw["features"] = [f for f in raw["features"] if f["name"] != "price"]
+        expected = 'features.price: {"kind": "numeric", "normalizer": "log1p"} in'
+    path = model_dir.parent / f"{change}.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    code = main(["evaluate", str(path), "--model-dir", str(model_dir), *_sets(SMALL)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err and "--warm-start" in err, err
+
+
+def test_an_export_version_is_never_rewritten(trained, capsys):
+    model_dir, metrics = trained
+    export = model_dir / "export" / str(metrics["steps"])
+    before = _snapshot(export)
+    stamp = os.stat(export / "saved_model.pb").st_mtime_ns
+    assert main(["export", CONFIG, "--model-dir", str(model_dir), *_sets(SMALL)]) == 0
+    assert capsys.readouterr().out.strip() == str(export)
+    assert _snapshot(export) == before
+    assert os.stat(export / "saved_model.pb").st_mtime_ns == stamp
+    saved = json.loads((export / "assets.extra" / "structure.json").read_text())
+    assert saved["tables"]["user"] == {"dim": 8, "optimizer": "adam"}
+    assert saved["parameter_servers"] == 1
+
+
+def test_exports_honour_the_umask(trained):
+    model_dir, metrics = trained
+    old = os.umask(0o022)
+    os.umask(old)
+    assert old == 0o022  # what the expectations below assume
+    export = model_dir / "export" / str(metrics["steps"])
+    for root, dirs, files in os.walk(export):
+        for d in dirs:
+            assert stat.S_IMODE(os.stat(os.path.join(root, d)).st_mode) == 0o755, d
+        for name in files:
+            assert stat.S_IMODE(os.stat(os.path.join(root, name)).st_mode) == 0o644, name
+    assert stat.S_IMODE(os.stat(export).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(model_dir / "metrics.json").st_mode) == 0o644
+
+
+def test_a_checkpoint_of_another_shard_count_is_refused(tmp_path, capsys):
+    """A model dir written with 2 parameter-server shards is not read by one process
+    (its rows would be looked up on the wrong shard)."""
+    from recflow.embedding.placement import ModPlacement
+    from recflow.training.trainer import Trainer
+
+    model_dir = tmp_path / "two_shards"
+    config = recflow.api.load(CONFIG, model_dir=str(model_dir), overrides={**SMALL, "train.steps": 2})
+    trainer = Trainer(config, verbose=0, placement=ModPlacement(2))
+    trainer.fit()
+    before = _snapshot(model_dir)
+    code = main(["train", CONFIG, "--model-dir", str(model_dir), *_sets(SMALL)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "parameter_servers: 2 in" in err and "1 in this config" in err, err
+    assert _snapshot(model_dir) == before
+
+
+def test_a_model_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):
+    """A read-only model dir (stood in for by a lock file that may not be opened: the
+    tests run as root, who writes anywhere) ends with one line, not a traceback."""
+    model_dir = tmp_path / "ro"
+    model_dir.mkdir()
+    real_open = os.open
+
+    def refuse_lock(path, *args, **kwargs):
+        if str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refuse_lock)
+    code = main(["evaluate", CONFIG, "--model-dir", str(model_dir), *_sets(SMALL)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{model_dir}: not writable" in err

@@ -1,0 +1,21 @@
+"""TensorFlow's native log lines stay off the user's screen: a run with XLA prints
+nothing on stderr (absl's `I0000 ... XLA service` lines came through before)."""
+
+import os
+import subprocess
+import sys
+
+
+def test_an_xla_run_prints_nothing_on_stderr(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "RECFLOW_DEBUG"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    done = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "train", "configs/deepfm_demo.yaml", "--quiet",
+         "--model-dir", str(tmp_path / "m"), "--set", "data.synthetic={rows: 2000, eval_rows: 200}",
+         "--set", "train.epochs=1", "--set", "train.xla=true",
+         "--set", "model.params={dnn: {hidden_units: [8]}}"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert "model dir:" in done.stdout

@@ -1,0 +1,110 @@
+"""`--warm-start`: a new model dir starts from another one's rows and weights wherever
+they still fit, checked by value."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+import recflow
+from recflow.cli import main
+
+CONFIG = "configs/deepfm_demo.yaml"
+SMALL = {
+    "data.synthetic": {"rows": 1024, "eval_rows": 256, "seed": 5, "schema": "demo"},
+    "data.batch_size": 128,
+    "model.params": {"dnn": {"hidden_units": [8, 4]}},
+    "train.epochs": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("warm") / "source"
+    recflow.train(CONFIG, model_dir=str(model_dir), overrides=SMALL)
+    return model_dir
+
+
+def _changed_config(tmp_path) -> str:
+    """The demo config with a feature added (`region`, its own table), and the user
+    table's dim changed from 8 to 16."""
+    raw = yaml.safe_load(open(CONFIG, encoding="utf-8"))
+    raw["features"].append({"name": "region", "kind": "categorical", "column": "city", "dim": 8})
+    raw["tables"]["user"]["dim"] = 16
+    path = tmp_path / "changed.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return str(path)
+
+
+def _restored_model(model_dir):
+    import tensorflow as tf
+
+    from recflow.config import load_config
+    from recflow.models.base import build_model
+
+    model = build_model(load_config(str(model_dir / "config.yaml")))
+    model.build_weights()
+    tf.train.Checkpoint(model=model).restore(
+        tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    ).expect_partial()
+    return model
+
+
+def test_rows_and_dense_weights_that_fit_are_carried_by_value(source, tmp_path):
+    from recflow.api import load
+    from recflow.training.trainer import Trainer
+    from recflow.training.warm_start import variable_paths, warm_start
+
+    old = _restored_model(source)
+    config = load(_changed_config(tmp_path), model_dir=str(tmp_path / "new"), overrides=SMALL)
+    new = Trainer(config, verbose=0).model
+    report = warm_start(new, str(source))
+
+    old_rows, new_rows = old.embedding.logical_rows(), new.embedding.logical_rows()
+    carried = {"item", "category", "city", "tags", "item.linear", "category.linear", "city.linear",
+               "tags.linear", "user.linear"}
+    assert set(report["tables"]) == carried
+    assert report["fresh_tables"] == ["region", "region.linear", "user"]
+    for name in carried:
+        a, b = old_rows[name], new_rows[name]
+        assert a.ids.size > 0 and report["tables"][name] == a.ids.size
+        ia, ib = np.argsort(a.ids), np.argsort(b.ids)
+        np.testing.assert_array_equal(a.ids[ia], b.ids[ib], err_msg=name)
+        np.testing.assert_array_equal(a.emb[ia], b.emb[ib], err_msg=name)
+        np.testing.assert_array_equal(a.slots[ia], b.slots[ib], err_msg=name)
+        np.testing.assert_array_equal(a.count[ia], b.count[ib], err_msg=name)
+        assert (b.last_step == 0).all()  # seen at the warm start, step 0 of the new run
+    for name in ("user", "region", "region.linear"):
+        assert new_rows[name].ids.size == 0  # new or resized tables start empty
+
+    old_vars, new_vars = variable_paths(old), variable_paths(new)
+    same = [p for p, v in new_vars.items() if v.trainable and p in old_vars and old_vars[p].shape == v.shape]
+    changed = [p for p, v in new_vars.items() if v.trainable and p not in same]
+    assert same and changed  # the later DNN layers fit, the first one (wider input) does not
+    for path in same:
+        np.testing.assert_array_equal(new_vars[path].numpy(), old_vars[path].numpy(), err_msg=path)
+    assert report["dense"] == {"carried": len(same), "fresh": sorted(changed)}
+    assert "dnn/dense_layers/0/kernel" in changed
+    assert "dnn/dense_layers/1/kernel" in same
+
+
+def test_cli_warm_start_trains_a_new_model_dir_and_a_rerun_resumes_it(source, tmp_path, capsys):
+    target = tmp_path / "target"
+    args = ["train", _changed_config(tmp_path), "--quiet", "--model-dir", str(target),
+            "--warm-start", str(source)]
+    args += [a for k, v in SMALL.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "warm start from " in out and "item (" in out and "fresh tables: region, region.linear, user" in out
+    metrics = json.loads((target / "metrics.json").read_text())
+    assert metrics["warm_start"]["tables"]["item"] > 0 and metrics["steps"] == 8
+    # The model dir has its checkpoint now: a rerun resumes it (already done), no second warm start.
+    assert main(args) == 0
+    assert "already at step 8" in capsys.readouterr().out
+
+
+def test_a_missing_source_is_one_line(tmp_path, capsys):
+    code = main(["train", CONFIG, "--model-dir", str(tmp_path / "t"), "--warm-start", str(tmp_path / "nope")])
+    err = capsys.readouterr().err
+    assert code == 2 and "no such model dir" in err and len(err.strip().splitlines()) == 1
