@@ -66,8 +66,8 @@ def test_fitting_auto_normalizers_is_announced(tmp_path, capsys):
             "--set", "features.price.normalizer={type: auto}",
             "--set", "features.age.normalizer={type: auto}", "--set", "data.sample_rows=500"]
     assert main(argv) == 0
-    first = shown(capsys.readouterr().out)[0]
-    assert first == "Fitting 2 auto normalizers (price, age) on the first 500 rows of data.train"
+    first = shown(capsys.readouterr().out)[0]  # features are sorted by name
+    assert first == "Fitting 2 auto normalizers (age, price) on the first 500 rows of data.train"
     assert main([*argv[:-6], "--quiet", "--set", "train.steps=4", *argv[-6:]]) == 0
     assert capsys.readouterr().out.splitlines()[0].startswith("auc ")  # quiet; nothing refitted
 
