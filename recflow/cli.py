@@ -47,6 +47,8 @@ def import_tensorflow() -> None:
 
 def _parser() -> argparse.ArgumentParser:
     import recflow
+    from recflow.config.reference import describe  # the config keys' descriptions
+    from recflow.config.schema import SyntheticOptions, TrainConfig
 
     parser = _Parser(prog="recflow", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"recflow {recflow.__version__}")
@@ -55,7 +57,7 @@ def _parser() -> argparse.ArgumentParser:
     def with_config(name: str, help: str) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
         p.add_argument("config", help="YAML config file")
-        p.add_argument("--model-dir", help="overrides train.model_dir")
+        p.add_argument("--model-dir", help="overrides train.model_dir, " + describe(TrainConfig, "model_dir"))
         p.add_argument(
             "--set", action="append", default=[], metavar="KEY=VALUE",
             help="override a config value (YAML), e.g. --set train.steps=100",
@@ -97,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tables", help="per logical table: keys, bytes, keys per shard")
     p.add_argument("model_dir")
     p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--plot", metavar="OUT.png",
+        help="also draw keys and bytes per table over the model dir's checkpoints (needs matplotlib)",
+    )
 
     p = sub.add_parser("data", help="data helpers")
     data_sub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
@@ -113,10 +119,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     p = data_sub.add_parser("synth", help="write the synthetic data set")
     p.add_argument("--out", required=True)
-    p.add_argument("--rows", type=int, required=True)
+    p.add_argument("--rows", type=int, required=True, help="training rows (and a fifth as many eval rows)")
     p.add_argument("--format", choices=["csv", "tfrecord", "parquet"], default="csv")
-    p.add_argument("--schema", choices=["demo", "criteo", "sequence"], default="demo")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--schema", choices=["demo", "criteo", "sequence"], default="demo",
+        help=describe(SyntheticOptions, "schema"),
+    )
+    p.add_argument("--seed", type=int, default=7, help=describe(SyntheticOptions, "seed"))
     return parser
 
 
@@ -271,12 +280,22 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tables(args) -> int:
+    from recflow.embedding.plot import plot_history, require_matplotlib
+
+    if args.plot:
+        require_matplotlib()  # before TensorFlow loads
     import_tensorflow()
-    from recflow.embedding.report import format_tables, table_stats
+    from recflow.embedding.report import format_tables, table_history, table_stats
 
     _check_newest_checkpoint(args.model_dir)
     stats = table_stats(args.model_dir)
     print(json.dumps({"tables": stats}, sort_keys=True) if args.json else format_tables(stats))
+    if args.plot:
+        history = table_history(args.model_dir)
+        plot_history(history, args.plot, title=args.model_dir)
+        steps = f"steps {history[0][0]}-{history[-1][0]}" if len(history) > 1 else f"step {history[0][0]}"
+        if not args.json:  # stdout stays one JSON document
+            print(f"{args.plot}: keys and bytes over {len(history)} checkpoint(s), {steps}")
     return 0
 
 

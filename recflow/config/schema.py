@@ -40,6 +40,14 @@ def _non_negative(obj: Any, name: str) -> None:
 
 @dataclass(frozen=True)
 class CsvOptions:
+    """CSV parsing of the training, eval and predicted files (`data.csv`).
+
+    Attributes:
+        delimiter: the field separator, one character (`"\\t"` in double quotes for a tab).
+        header: true: the first line of each file names the columns; false: give `columns`.
+        columns: the column names, in file order, of files without a header line.
+    """
+
     delimiter: str = ","
     header: bool = True
     columns: tuple[str, ...] | None = None  # column names when the files have no header
@@ -53,6 +61,15 @@ class CsvOptions:
 
 @dataclass(frozen=True)
 class SyntheticOptions:
+    """The built-in synthetic data set (`data.format: synthetic`), with a planted ground truth.
+
+    Attributes:
+        rows: training rows.
+        eval_rows: evaluation rows (drawn apart from the training rows).
+        seed: seed of the data (the same seed gives the same rows).
+        schema: the feature set: `demo` (ids, tags, history, numbers), `criteo` (26 string and 13 numeric columns) or `sequence` (a behaviour sequence for DIN).
+    """
+
     rows: int = 100_000
     eval_rows: int = 20_000
     seed: int = 7
@@ -66,6 +83,25 @@ class SyntheticOptions:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """Where the examples come from and how they are read (`data`).
+
+    Attributes:
+        format: the file format of `train` and `eval`, or `synthetic` for the built-in data.
+        train: training files: a glob or a list of globs (required to train, evaluate or check data, unless `format: synthetic`).
+        eval: evaluation files; without them the metrics are computed on the training files.
+        label: the label column (a list for several); multitask configs name theirs in `task.tasks`.
+        batch_size: rows per training step.
+        csv: CSV settings.
+        synthetic: synthetic data settings (`format: synthetic` only).
+        shuffle: shuffle the training rows each epoch; false keeps file order (reproducible runs).
+        shuffle_buffer: records in the shuffle window (blocks of up to 256 consecutive records are shuffled in it).
+        seed: shuffle seed; epoch e uses `seed + e`.
+        on_bad_record: `skip` counts a bad row (`bad_records` in metrics.json) and goes on; `fail` stops at the first one, naming file and line.
+        max_bad_fraction: a pass whose skipped rows exceed this fraction of the rows read stops the run (exit 2).
+        positive: label column -> the raw values (compared after stripping spaces) that are 1; every other value is 0.
+        sample_rows: rows read from the start of `train` to fit `normalizer: {type: auto}`.
+    """
+
     format: Literal["csv", "tfrecord", "parquet", "synthetic"] = "csv"
     train: tuple[str, ...] = ()
     eval: tuple[str, ...] = ()
@@ -108,12 +144,25 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class LogNormalizer:
+    """`log(1 + max(x, 0))`.
+
+    Attributes:
+        type: selects this normalizer.
+    """
+
     type: Literal["log1p"] = "log1p"
 
 
 @dataclass(frozen=True)
 class StandardNormalizer:
-    """(x - mean) / std; with `log1p: true`, of log1p(max(x, 0)) (what `auto` picks for heavy tails)."""
+    """(x - mean) / std; with `log1p: true`, of log1p(max(x, 0)) (what `auto` picks for heavy tails).
+
+    Attributes:
+        type: selects this normalizer.
+        mean: subtracted first (in the units after `log1p`, when set).
+        std: divided by next; positive.
+        log1p: apply `log1p(max(x, 0))` before standardizing.
+    """
 
     type: Literal["standard"] = "standard"
     mean: float = 0.0
@@ -127,13 +176,24 @@ class StandardNormalizer:
 @dataclass(frozen=True)
 class AutoNormalizer:
     """Fitted on `data.sample_rows` training rows before training; the resolved
-    config (and the export) holds the `standard` normalizer it becomes."""
+    config (and the export) holds the `standard` normalizer it becomes.
+
+    Attributes:
+        type: selects this normalizer.
+    """
 
     type: Literal["auto"] = "auto"
 
 
 @dataclass(frozen=True)
 class BucketizeNormalizer:
+    """The index of the bucket a value falls in, as a number (`x < b[0]`: 0, ..., `x >= b[-1]`: len(b)).
+
+    Attributes:
+        type: selects this normalizer.
+        boundaries: strictly increasing bucket boundaries.
+    """
+
     type: Literal["bucketize"] = "bucketize"
     boundaries: tuple[float, ...] = ()
 
@@ -146,6 +206,12 @@ class BucketizeNormalizer:
 
 @dataclass(frozen=True)
 class IdentityNormalizer:
+    """The value as it is.
+
+    Attributes:
+        type: selects this normalizer.
+    """
+
     type: Literal["none"] = "none"
 
 
@@ -172,7 +238,13 @@ class NormalizerSpec:
 
 @dataclass(frozen=True)
 class Feature:
-    """Base of the feature kinds; dispatches on `kind`."""
+    """Base of the feature kinds; dispatches on `kind`.
+
+    Attributes:
+        name: the feature's name: the input name of the export's signature, and the column read unless `column` is set.
+        column: the source column, when it differs from `name` (several features may read one column).
+        kind: `categorical`, `multi_hot`, `sequence` or `numeric`.
+    """
 
     name: str
     column: str | None = None  # source column; defaults to `name`
@@ -192,6 +264,14 @@ class Feature:
 
 @dataclass(frozen=True)
 class _SparseFeature(Feature):
+    """A feature whose values are ids looked up in an embedding table.
+
+    Attributes:
+        dtype: how the column's ids are read: `int64` as integers (a value that is not one is a bad row), `string` as strings (hashed to keys).
+        table: a key of `tables` (features may share one); without it the feature gets its own table, named after it.
+        dim: embedding size of the feature's own table (not allowed with `table`); default `embedding.default_dim`.
+    """
+
     dtype: Literal["int64", "string"] = "string"
     table: str | None = None  # a key of `tables`; defaults to a table named after the feature
     dim: int | None = None  # only for a feature with its own table
@@ -209,11 +289,21 @@ class _SparseFeature(Feature):
 
 @dataclass(frozen=True)
 class CategoricalFeature(_SparseFeature):
+    """One id per row."""
+
     kind: Literal["categorical"] = "categorical"
 
 
 @dataclass(frozen=True)
 class MultiHotFeature(_SparseFeature):
+    """A set of ids per row, joined by `separator` in the column, pooled with `combiner`.
+
+    Attributes:
+        separator: the string between ids.
+        combiner: how the ids' embeddings are pooled into one vector.
+        max_values: a row keeps its first `max_values` ids; cut rows are counted (`truncated_rows`).
+    """
+
     kind: Literal["multi_hot"] = "multi_hot"
     separator: str = "|"
     combiner: Literal["sum", "mean", "sqrtn"] = "mean"
@@ -228,6 +318,13 @@ class MultiHotFeature(_SparseFeature):
 
 @dataclass(frozen=True)
 class SequenceFeature(_SparseFeature):
+    """An ordered list of ids per row (e.g. a behaviour history), padded or cut to `max_len`.
+
+    Attributes:
+        separator: the string between ids.
+        max_len: ids kept per row (the first ones); shorter rows are padded and masked.
+    """
+
     kind: Literal["sequence"] = "sequence"
     separator: str = "|"
     max_len: int = 20
@@ -241,6 +338,13 @@ class SequenceFeature(_SparseFeature):
 
 @dataclass(frozen=True)
 class NumericFeature(Feature):
+    """A number per row, normalized.
+
+    Attributes:
+        normalizer: how the raw number is transformed; none: used as it is.
+        default: raw value (before the normalizer) used when the value is missing or not finite; null: neutral (the mean under `standard` and `auto`, else 0).
+    """
+
     kind: Literal["numeric"] = "numeric"
     normalizer: NormalizerSpec | None = None
     # Raw value used when missing or not finite; None: neutral (the normalizer's mean,
@@ -263,6 +367,16 @@ Feature.__discriminator__ = (
 
 @dataclass(frozen=True)
 class InitializerConfig:
+    """How a new embedding row is initialized.
+
+    Attributes:
+        type: the distribution.
+        mean: mean of `normal` and `truncated_normal`.
+        stddev: standard deviation of `normal` and `truncated_normal`.
+        minval: lower bound of `uniform`.
+        maxval: upper bound of `uniform`.
+    """
+
     type: Literal["truncated_normal", "normal", "uniform", "zeros"] = "truncated_normal"
     mean: float = 0.0
     stddev: float = 0.01
@@ -277,6 +391,13 @@ class InitializerConfig:
 
 @dataclass(frozen=True)
 class SGDConfig:
+    """Plain gradient descent on rows (no slots).
+
+    Attributes:
+        type: selects this optimizer.
+        learning_rate: step size.
+    """
+
     type: Literal["sgd"] = "sgd"
     learning_rate: float = 0.01
 
@@ -286,6 +407,15 @@ class SGDConfig:
 
 @dataclass(frozen=True)
 class AdagradConfig:
+    """Adagrad on rows (one accumulator slot per value).
+
+    Attributes:
+        type: selects this optimizer.
+        learning_rate: step size.
+        initial_accumulator_value: the accumulator of a new row.
+        epsilon: added to the denominator.
+    """
+
     type: Literal["adagrad"] = "adagrad"
     learning_rate: float = 0.05
     initial_accumulator_value: float = 0.1
@@ -300,7 +430,15 @@ class AdagradConfig:
 class AdamConfig:
     """Sparse Adam on rows. The default learning rate (5e-3) is the default sparse
     optimizer: at or above DeepCTR's DeepFM (Adam 1e-3) on every synthetic schema
-    (scripts/compare_deepctr.py --defaults; table in the README)."""
+    (scripts/compare_deepctr.py --defaults; table in docs/performance.md).
+
+    Attributes:
+        type: selects this optimizer.
+        learning_rate: step size.
+        beta_1: decay of the first-moment estimate, in [0, 1).
+        beta_2: decay of the second-moment estimate, in [0, 1).
+        epsilon: added to the denominator.
+    """
 
     type: Literal["adam"] = "adam"
     learning_rate: float = 0.005
@@ -317,6 +455,18 @@ class AdamConfig:
 
 @dataclass(frozen=True)
 class FtrlConfig:
+    """FTRL-Proximal on rows.
+
+    Attributes:
+        type: selects this optimizer.
+        learning_rate: step size.
+        learning_rate_power: the power of the learning rate schedule; at most 0.
+        initial_accumulator_value: the accumulator of a new row.
+        l1: L1 regularization strength.
+        l2: L2 regularization strength.
+        beta: the FTRL beta.
+    """
+
     type: Literal["ftrl"] = "ftrl"
     learning_rate: float = 0.05
     learning_rate_power: float = -0.5
@@ -348,6 +498,12 @@ class OptimizerSpec:
 
 @dataclass(frozen=True)
 class AdmissionConfig:
+    """When a new key gets a trainable row.
+
+    Attributes:
+        min_count: sightings before a key gets a row; until then it holds only a counter and reads the zero row.
+    """
+
     min_count: int = 1
 
     def validate(self) -> None:
@@ -356,6 +512,13 @@ class AdmissionConfig:
 
 @dataclass(frozen=True)
 class EvictionConfig:
+    """Which rows are removed at each checkpoint; at least one of the two.
+
+    Attributes:
+        ttl_steps: remove rows (and waiting admission counters) unseen for this many steps.
+        max_keys: keep at most this many rows, the most frequent first (then the most recent).
+    """
+
     ttl_steps: int | None = None
     max_keys: int | None = None
 
@@ -368,6 +531,17 @@ class EvictionConfig:
 
 @dataclass(frozen=True)
 class TableConfig:
+    """A logical embedding table (`tables.<name>`); tables that agree on dim, initializer, optimizer and policies are fused into one physical table.
+
+    Attributes:
+        dim: embedding size.
+        initializer: initial values of a new row.
+        optimizer: the table's sparse optimizer; default `train.sparse_optimizer`.
+        admission: admission policy; none: every key gets a row when first seen.
+        eviction: eviction policy; none: rows are never removed.
+        expected_keys: sizes the table up front for this many keys with a row (all shards), so it does not grow step by step.
+    """
+
     dim: int = 8
     initializer: InitializerConfig = field(default_factory=InitializerConfig)
     optimizer: OptimizerSpec | None = None  # defaults to train.sparse_optimizer
@@ -382,6 +556,13 @@ class TableConfig:
 
 @dataclass(frozen=True)
 class EmbeddingConfig:
+    """Settings shared by every embedding table (`embedding`).
+
+    Attributes:
+        fusion: fuse compatible tables into one physical table (one lookup chain per step); `recflow plan` shows the plan.
+        default_dim: embedding size of a table a feature gets implicitly (no `table`, no `dim`).
+    """
+
     fusion: bool = True
     default_dim: int = 8  # dim of a table a feature gets implicitly
 
@@ -394,13 +575,27 @@ class EmbeddingConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The model (`model`).
+
+    Attributes:
+        type: a registered model name (`deepfm`, `wide_deep`, `dcn`, `din`, `mmoe`, `two_tower`) or `"package.module:ClassName"`.
+        params: keyword arguments of the model class (e.g. `{dnn: {hidden_units: [256, 128]}}`).
+    """
+
     type: str = "deepfm"
     params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """One head of a multi-task model."""
+    """One head of a multi-task model.
+
+    Attributes:
+        name: the head's name: its output name in the export and the prefix of its metrics (`NAME/auc`).
+        label: its label column.
+        type: the head's loss: sigmoid cross-entropy or mean squared error.
+        weight: its weight in the summed loss.
+    """
 
     name: str
     label: str
@@ -420,7 +615,14 @@ _METRICS = {
 @dataclass(frozen=True)
 class TaskConfig:
     """The task. `retrieval`: every row with label > 0 is a positive (query, candidate)
-    pair; the loss is a softmax over the batch's candidates (in-batch negatives)."""
+    pair; the loss is a softmax over the batch's candidates (in-batch negatives).
+
+    Attributes:
+        type: the task; `multitask` lists its heads in `tasks`.
+        metrics: metrics to compute (binary: `auc`, `logloss`, `gauc`, `accuracy`; regression: `mse`, `mae`, `rmse`; retrieval: `recall@K`); default auc and logloss, mse, or recall@10.
+        group_by: the feature that groups examples for `gauc` (AUC per group, weighted by group size).
+        tasks: the heads of a `multitask` model.
+    """
 
     type: Literal["binary", "regression", "multitask", "retrieval"] = "binary"
     metrics: tuple[str, ...] | None = None  # defaults by type
@@ -462,6 +664,13 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class DenseOptimizerConfig:
+    """The optimizer of the dense weights (tower, first-order bias), from Keras.
+
+    Attributes:
+        type: the Keras optimizer.
+        learning_rate: step size.
+    """
+
     type: Literal["adam", "adagrad", "sgd", "ftrl"] = "adam"
     learning_rate: float = 0.001
 
@@ -471,6 +680,22 @@ class DenseOptimizerConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    """The training run (`train`).
+
+    Attributes:
+        model_dir: the directory of the run's checkpoints, logs, metrics and exports.
+        epochs: passes over `data.train` in total, not per run (default 1 when `steps` is not set).
+        steps: steps in total, instead of `epochs`.
+        optimizer: the dense weights' optimizer.
+        sparse_optimizer: the embedding tables' optimizer, unless a table sets its own.
+        checkpoint_every_steps: checkpoint (and evict) every N steps; null: only at the end.
+        keep_checkpoints: checkpoints kept.
+        log_every_steps: write the loss and examples/s to TensorBoard (`MODEL_DIR/logs`) every N steps.
+        seed: seed of the dense initial weights, dropout and new embedding rows.
+        xla: compile the tower's forward and backward pass with XLA.
+        prefetch_embeddings: parameter servers: each step looks up the next batch's rows while it computes.
+    """
+
     model_dir: str = "runs/default"
     epochs: int | None = None
     steps: int | None = None
@@ -506,6 +731,14 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class ExportConfig:
+    """Exports and deltas written during training (`export`).
+
+    Attributes:
+        every_steps: also export a SavedModel version every N steps (online learning); the run's end always exports.
+        delta_every_steps: write `deltas/<step>/` with the rows updated since the previous delta every N steps.
+        keep: SavedModel versions kept in `MODEL_DIR/export`.
+    """
+
     every_steps: int | None = None
     delta_every_steps: int | None = None
     keep: int = 5
@@ -518,11 +751,32 @@ class ExportConfig:
 
 @dataclass(frozen=True)
 class DistributeConfig:
+    """Where training runs (`distribute`).
+
+    Attributes:
+        strategy: `local`: one process; `parameter_server`: ParameterServerStrategy, roles from `TF_CONFIG` (`recflow launch` runs a local cluster).
+    """
+
     strategy: Literal["local", "parameter_server"] = "local"
 
 
 @dataclass(frozen=True)
 class Config:
+    """A whole recflow config file.
+
+    Attributes:
+        version: the config format version.
+        data: input data.
+        features: the model's inputs, one entry per feature.
+        tables: embedding tables by name; a sparse feature without `table` gets its own.
+        embedding: settings of all tables.
+        model: the model class and its parameters.
+        task: the loss, heads and metrics.
+        train: the training run.
+        export: scheduled exports and deltas.
+        distribute: single process or parameter servers.
+    """
+
     version: Literal[1] = 1
     data: DataConfig = field(default_factory=DataConfig)
     features: tuple[Feature, ...] = ()

@@ -67,8 +67,9 @@ def _latest_checkpoint(model_dir: str) -> str:
     return path
 
 
-def restore_engine(model_dir: str):
-    """The embedding engine of a model dir, restored from its latest checkpoint (no model)."""
+def restore_engine(model_dir: str, checkpoint: str | None = None):
+    """The embedding engine of a model dir, restored from `checkpoint` (a `ckpt-N` prefix;
+    default its latest checkpoint), without the model."""
     import tensorflow as tf
 
     from recflow.config.loader import load_config
@@ -79,7 +80,7 @@ def restore_engine(model_dir: str):
     if not os.path.exists(config_path):
         raise RecflowError(f"{model_dir}: not a model dir (no config.yaml)")
     config = load_config(config_path)
-    path = _latest_checkpoint(model_dir)
+    path = checkpoint or _latest_checkpoint(model_dir)
     check_checkpoint(path)
     # As many local shards as the run had (a key's shard does not depend on where shards live).
     names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
@@ -99,6 +100,20 @@ def table_stats(model_dir: str) -> dict:
     on where the shards live), so a parameter-server run reports its split per PS.
     """
     return restore_engine(model_dir).table_stats()
+
+
+def table_history(model_dir: str) -> list[tuple[int, dict]]:
+    """`(step, table_stats)` of every checkpoint the model dir holds, oldest first."""
+    from recflow.training.model_dir import checkpoint_steps
+
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    steps = sorted(checkpoint_steps(checkpoints))
+    if not steps:
+        raise RecflowError(f"{model_dir}: no checkpoint found")
+    return [
+        (step, restore_engine(model_dir, os.path.join(checkpoints, f"ckpt-{step}")).table_stats())
+        for step in steps
+    ]
 
 
 def format_tables(stats: dict) -> str:

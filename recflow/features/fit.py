@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from typing import Callable
 
 import numpy as np
 import yaml
@@ -91,17 +92,23 @@ def _saved_normalizers(model_dir: str | None) -> dict[str, StandardNormalizer]:
     return saved
 
 
-def resolve(config: Config, model_dir: str | None = None) -> tuple[Config, list[str]]:
+def resolve(
+    config: Config, model_dir: str | None = None, on_fit: Callable[[list[str]], None] | None = None
+) -> tuple[Config, list[str]]:
     """Fits every `auto` normalizer; returns the resolved config and warnings.
 
     A warning names each numeric feature without a normalizer whose sampled
     values exceed |1e3| (a raw number that large swamps the other inputs).
+    `on_fit` is called with the names of the features about to be fitted (those
+    not read back from `model_dir`), before the sample is read.
     """
     numeric = config.numeric_features
     autos = [f.name for f in numeric if isinstance(f.normalizer, AutoNormalizer)]
     raw = [f.name for f in numeric if f.normalizer is None or isinstance(f.normalizer, IdentityNormalizer)]
     saved = _saved_normalizers(model_dir)
     fit = [n for n in autos if n not in saved]
+    if fit and on_fit is not None:
+        on_fit(fit)
     try:
         sample = sample_numbers(config, fit + raw) if fit + raw else {}
     except DataError:

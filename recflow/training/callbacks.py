@@ -27,8 +27,11 @@ checkpoint. SIGTERM and SIGINT are handled by the trainer itself
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import os
+import time
 
 import tensorflow as tf
 import tf_keras as keras
@@ -90,24 +93,137 @@ class CheckpointCallback(TrainerCallback):
         self.trainer.save_final_checkpoint()
 
 
-class LossLogger(TrainerCallback):
-    """Writes the loss to TensorBoard (`MODEL_DIR/logs`) every `train.log_every_steps`."""
+class TableHealth:
+    """Counts per logical table between two table logs: what eviction removed and what was admitted.
+
+    `Trainer.evict` runs eviction inside `evicting()`, which counts the rows each
+    logical table lost; between two logs the rows a table gained are then its
+    admissions: `keys now - keys at the previous log + evicted since`. Only
+    tables with an eviction policy lose rows, so without one no count is taken.
+
+    Args:
+        trainer: the trainer whose embedding engine is counted.
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self._logged: dict[str, int] | None = None  # keys per table at the previous log
+        self._evicted: dict[str, int] = {}
+
+    def _keys(self) -> dict[str, int]:
+        return {name: s["keys"] for name, s in self.trainer.model.embedding.table_stats().items()}
+
+    def _evicts(self) -> bool:
+        config = self.trainer.config
+        return any(config.table(name).eviction is not None for name in config.table_names())
+
+    @contextlib.contextmanager
+    def evicting(self):
+        """The context eviction runs in: the rows it removes are counted per logical table."""
+        if not self._evicts():
+            yield
+            return
+        before = self._keys()
+        yield
+        for name, keys in self._keys().items():
+            self._evicted[name] = self._evicted.get(name, 0) + before.get(name, 0) - keys
+
+    def start(self) -> None:
+        """The counts start here (training begins, after a restore)."""
+        self._logged, self._evicted = self._keys(), {}
+
+    def read(self) -> dict[str, dict]:
+        """Per logical table: keys, waiting_keys and bytes now (as `recflow tables --json`),
+        and evictions and admissions since the previous `read`."""
+        stats = self.trainer.model.embedding.table_stats()
+        logged = self._logged or {}
+        out = {}
+        for name, s in stats.items():
+            evicted = self._evicted.get(name, 0)
+            out[name] = {
+                "keys": s["keys"],
+                "waiting_keys": s["waiting_keys"],
+                "bytes": s["bytes"],
+                "evictions": evicted,
+                "admissions": s["keys"] - logged.get(name, 0) + evicted,
+            }
+        self._logged = {name: s["keys"] for name, s in stats.items()}
+        self._evicted = {}
+        return out
+
+
+class TensorBoardLogger(TrainerCallback):
+    """Writes the run to TensorBoard, in `MODEL_DIR/logs`.
+
+    - every `train.log_every_steps`: `train/loss` (the last step's) and
+      `train/examples_per_sec` (rows trained since the previous log over the
+      wall time since it);
+    - at every checkpoint step and at the end of training (after the checkpoint
+      and its eviction), per logical table T: `tables/T/keys`,
+      `tables/T/waiting_keys`, `tables/T/bytes`, and `tables/T/evictions` and
+      `tables/T/admissions` since the previous table log (see `TableHealth`).
+      Reading every table costs about what checkpointing it does, so it is not
+      done at every loss log.
+
+    Evaluations are written by `write_evaluation`.
+    """
 
     def __init__(self, trainer):
         super().__init__(trainer)
         self._writer = None
+        self._since = (0.0, 0)  # (time, examples) at the previous loss log
+        self._tables_step = -1  # the step of the previous table log
 
-    def on_train_batch_end(self, batch, logs=None):
-        if not crossed(logs["previous_step"], batch, self.trainer.config.train.log_every_steps):
-            return
+    @property
+    def writer(self):
         if self._writer is None:
             self._writer = tf.summary.create_file_writer(os.path.join(self.trainer.model_dir, "logs"))
-        with self._writer.as_default(step=batch):
-            tf.summary.scalar("loss", logs["loss"])
+        return self._writer
+
+    def on_train_begin(self, logs=None):
+        self._since = (time.perf_counter(), self.trainer.examples_trained)
+        self.trainer.table_health.start()
+
+    def on_train_batch_end(self, batch, logs=None):
+        config = self.trainer.config.train
+        if crossed(logs["previous_step"], batch, config.log_every_steps):
+            now, examples = time.perf_counter(), logs["examples"]
+            then, before = self._since
+            self._since = (now, examples)
+            with self.writer.as_default(step=batch):
+                if logs["loss"] is not None:
+                    tf.summary.scalar("train/loss", logs["loss"])
+                if now > then:
+                    tf.summary.scalar("train/examples_per_sec", (examples - before) / (now - then))
+        if crossed(logs["previous_step"], batch, config.checkpoint_every_steps):
+            self.write_tables(batch)
+
+    def write_tables(self, step: int) -> None:
+        self._tables_step = step
+        with self.writer.as_default(step=step):
+            for name, stats in self.trainer.table_health.read().items():
+                for key, value in stats.items():
+                    tf.summary.scalar(f"tables/{name}/{key}", value)
 
     def on_train_end(self, logs=None):
-        if self._writer is not None:
-            self._writer.flush()
+        step = int(self.trainer.model.global_step)
+        if step != self._tables_step:  # not logged at this step's checkpoint already
+            self.write_tables(step)
+        self.writer.flush()
+
+
+def write_evaluation(model_dir: str, step: int, result: dict) -> None:
+    """Writes an evaluation's metrics to TensorBoard at `step`: `eval/<metric>`, and
+    `eval/<head>/<metric>` for each head of a multi-task model; undefined ones
+    (NaN) are left out."""
+    writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs"))
+    with writer.as_default(step=step):
+        for key, value in result.items():
+            if key.startswith("eval_") or isinstance(value, (bool, str)) or value is None:
+                continue
+            if math.isfinite(value):
+                tf.summary.scalar(f"eval/{key}", value)
+    writer.close()
 
 
 def default_callbacks(trainer) -> list[keras.callbacks.Callback]:
@@ -117,7 +233,7 @@ def default_callbacks(trainer) -> list[keras.callbacks.Callback]:
         DeltaCallback(trainer),
         ExportCallback(trainer),
         CheckpointCallback(trainer),
-        LossLogger(trainer),
+        TensorBoardLogger(trainer),
     ]
 
 

@@ -20,13 +20,13 @@ import logging
 
 import numpy as np
 import tensorflow as tf
-import tf_keras as keras
 
 from recflow.data import pipeline
 from recflow.data.pipeline import NONFINITE, TRUNCATED
 from recflow.errors import DataError
 from recflow.quiet import native_stderr_silenced
 from recflow.training.chunk import train_chunk
+from recflow.training.progress import Progress, pass_position
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,9 @@ class LocalRunner:
 
     def run_epoch(self, epoch: int, target: int | None) -> int:
         """Trains the rest of the epoch (or to `target` steps); returns the examples trained."""
+        done = pass_position(int(self.trainer.model.global_step), epoch, self.per_epoch)
         return self.run_steps(
-            self.iterator, target=target, files=self.files, per_epoch=self.per_epoch
+            self.iterator, target=target, files=self.files, per_epoch=self.per_epoch, done=done
         )
 
     def epoch_steps(self, steps: int) -> None:
@@ -73,8 +74,8 @@ class LocalRunner:
         if self.per_epoch is None:
             self.per_epoch = steps
 
-    def run_steps(self, iterator, target=None, files=None, per_epoch=None) -> int:
-        """See `Trainer.run_steps`."""
+    def run_steps(self, iterator, target=None, files=None, per_epoch=None, done=0) -> int:
+        """See `Trainer.run_steps`; `done`: the steps of the pass done before (a resume)."""
         trainer = self.trainer
         config, model = trainer.config, trainer.model
         if self._step_fn is None:
@@ -84,9 +85,7 @@ class LocalRunner:
                 model.train_step, input_signature=[iterator.element_spec], autograph=False
             )
         step = start = int(model.global_step)
-        progbar = keras.utils.Progbar(
-            target or per_epoch, verbose=trainer.verbose, stateful_metrics=["loss"]
-        )
+        progbar = Progress(target or per_epoch, start if target else done, trainer.verbose)
         examples = bad = 0
         sample = 10 * config.data.batch_size  # rows read before the bad fraction is judged
         while (target is None or step < target) and not trainer.stop_requested:
@@ -114,7 +113,7 @@ class LocalRunner:
             examples += size
             if not np.isfinite(loss):
                 raise DataError(f"step {step}: the loss is {loss}; {_out_of_range(config, batch)}")
-            progbar.update(step if target else step - start, [("loss", loss)])
+            progbar.update(step if target else done + step - start, [("loss", loss)])
             trainer.examples_trained += size
             trainer.examples_applied += size
             trainer.callbacks.on_train_batch_end(
@@ -306,7 +305,7 @@ class PSRunner:
             if positions[i] != splits_lib.FINISHED
         ]
         step = int(model.global_step)
-        progbar = keras.utils.Progbar(target, verbose=trainer.verbose, stateful_metrics=["loss"])
+        progbar = Progress(target, step, trainer.verbose)
         examples = bad_rows = 0
         while order and (target is None or step < target) and not trainer.stop_requested:
             boundary = self._boundary(step, target)

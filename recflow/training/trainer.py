@@ -13,7 +13,6 @@ import threading
 import time
 from typing import Callable
 
-import numpy as np
 import tensorflow as tf
 import tf_keras as keras
 
@@ -33,7 +32,12 @@ from recflow.models import identity
 from recflow.models.base import RankingModel, build_model
 from recflow.training import model_dir as model_dir_lib
 from recflow.training import warm_start as warm_start_lib
-from recflow.training.callbacks import CallbackList, default_callbacks
+from recflow.training.callbacks import (
+    CallbackList,
+    TableHealth,
+    default_callbacks,
+    write_evaluation,
+)
 from recflow.training.evaluator import Evaluator
 from recflow.training.runner import LocalRunner
 from recflow.training.timing import Timing
@@ -67,7 +71,7 @@ class Trainer:
 
     `fit` is one loop over a step runner (`make_runner`: in this process, or on
     parameter-server workers) and Keras callbacks: the built-in schedule
-    (eviction, delta, export, checkpoint, loss logging; see
+    (eviction, delta, export, checkpoint, TensorBoard; see
     `recflow.training.callbacks`) and then `callbacks`.
 
     Args:
@@ -92,13 +96,19 @@ class Trainer:
         warm_start: str | None = None,
     ):
         self.model_dir = model_dir or config.train.model_dir
+        self.verbose = verbose
         self.warm_start = warm_start
         self.warm_start_report: dict | None = None
-        config, warnings = fit.resolve(config, self.model_dir)  # `auto` normalizers
+        rows = config.data.sample_rows
+        config, warnings = fit.resolve(  # `auto` normalizers
+            config, self.model_dir,
+            on_fit=lambda names: self.status(
+                f"Fitting {_count(names, 'auto normalizer')} on the first {rows:,} rows of data.train"
+            ),
+        )
         for warning in warnings:
             logger.warning(warning)
         self.config = config
-        self.verbose = verbose
         self.timing = Timing()
         keras.utils.set_random_seed(config.train.seed)  # dense initial weights, dropout
         self.model: RankingModel = build_model(config, placement)
@@ -121,6 +131,7 @@ class Trainer:
         self._record_config = False  # training writes config.yaml once its checkpoint restored
         self.interrupted: int | None = None  # the signal that stopped training, if one did
         self.model.stop_training = False
+        self.table_health = TableHealth(self)  # evictions and admissions, for TensorBoard
         self.callbacks = CallbackList(default_callbacks(self) + list(callbacks or []), self.model)
         self.runner = None
         self.examples_trained = 0  # rows trained by this process's run, each once
@@ -129,6 +140,11 @@ class Trainer:
         self.bad_rows = 0
         self.nonfinite_values = 0  # numeric values read as missing: inf, overflow, "nan"
         self.truncated_rows = 0  # multi_hot rows cut to max_values
+
+    def status(self, message: str) -> None:
+        """Says what a long set-up step is doing (printed with the progress bar, verbose=1)."""
+        if self.verbose:
+            print(message, flush=True)
 
     # ------------------------------------------------------------------ input
 
@@ -174,8 +190,11 @@ class Trainer:
         data = self.config.data
         if files is None:
             return -(-data.synthetic.rows // data.batch_size)
-        if data.format != "csv" or sum(os.path.getsize(f) for f in files) > 256 << 20:
+        size = sum(os.path.getsize(f) for f in files)
+        if data.format != "csv" or size > 256 << 20:
             return None
+        if size > 16 << 20:
+            self.status(f"Counting the rows of {_name(files)} ({size / 2**20:.0f} MiB) for the progress bar")
         rows = 0
         for file in files:
             with open(file, "rb") as f:
@@ -231,6 +250,7 @@ class Trainer:
         if latest:
             check_checkpoint(latest)
             self.check_identity(latest)
+            self.status(f"Restoring {latest}")
             self._checkpoint.restore(latest).expect_partial()
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
@@ -263,7 +283,8 @@ class Trainer:
     def evict(self) -> None:
         """Removes stale rows (eviction runs at every checkpoint)."""
         step = int(self.model.global_step)
-        evicted = lifecycle.evict(self.model.embedding, step)
+        with self.table_health.evicting():
+            evicted = lifecycle.evict(self.model.embedding, step)
         if any(evicted.values()):
             logger.info("step %d: evicted %s", step, evicted)
 
@@ -500,12 +521,14 @@ class Trainer:
     # ------------------------------------------------------------------ evaluate
 
     def evaluate(self) -> dict:
-        """Exact metrics over the eval split (the train split when there is none);
-        see `recflow.training.evaluator.Evaluator`."""
+        """Exact metrics over the eval split (the train split when there is none), also
+        written to TensorBoard; see `recflow.training.evaluator.Evaluator`."""
         if self._evaluator is None:
             self._evaluator = Evaluator(self.config, self.model, self._transformed)
         with self.timing.phase("eval"):
-            return self._evaluator.evaluate()
+            result = self._evaluator.evaluate()
+        write_evaluation(self.model_dir, int(self.model.global_step), result)
+        return result
 
     def run(self, train: Callable[[], dict] | None = None) -> dict:
         """train -> evaluate -> export -> metrics.json; returns the metrics.
@@ -545,11 +568,6 @@ class Trainer:
         result["export"] = self.export()
         passes = (self.config.train.total_epochs or 0) if train is None else 0
         result["timing"] = self.timing.as_dict(summary.get("examples", 0), passes)
-        writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "logs"))
-        with writer.as_default(step=result["steps"]):
-            for key, value in result.items():
-                if isinstance(value, float) and np.isfinite(value):
-                    tf.summary.scalar("eval/" + key, value)
         write_json(os.path.join(self.model_dir, "metrics.json"), result)
         return result
 
@@ -558,3 +576,9 @@ def _name(files: list[str] | None) -> str:
     if not files:
         return "the synthetic data"
     return files[0] if len(files) == 1 else f"{len(files)} files"
+
+
+def _count(names: list[str], what: str) -> str:
+    """`3 auto normalizers (a, b, c)`; long lists are cut: `13 ... (I1, I2, ..., I13)`."""
+    shown = names if len(names) <= 4 else [names[0], names[1], "...", names[-1]]
+    return f"{len(names)} {what}{'s' if len(names) != 1 else ''} ({', '.join(shown)})"
