@@ -96,34 +96,35 @@ def dense_weights(model_dir):
 
 def test_kill_9_at_random_moments_ends_with_the_uninterrupted_tables(broker, tmp_path):
     broker.create_topic("kill", 1)
-    broker.produce("kill", lines(0, 640))  # 20 full batches of 32
+    broker.produce("kill", lines(0, 64 * 32))  # 64 full batches of 32
     config = write_config(tmp_path / "c.yaml", broker.servers, "kill", tmp_path / "unused")
-    steps = ["--set", "train.steps=20"]
+    steps = ["--set", "train.steps=64"]
     whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
     assert main(["train", config, "--model-dir", whole, "--quiet", *steps]) == 0
 
-    rng = np.random.default_rng(int(time.time()))
+    seed = int(time.time())
+    rng = np.random.default_rng(seed)
+    # Kill k: once a checkpoint at or after a random step of the k-th third of the run
+    # exists, a random moment later (mid-step, mid-checkpoint, mid-delta).
+    targets = [int(rng.integers(3 + 20 * k, 20 * (k + 1))) for k in range(3)]
     kills = 0
-    for _ in range(3):
+    for target in targets:
         proc = subprocess.Popen(command(config, "--model-dir", killed, *steps), env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        before = (checkpoint_steps(killed) or [0])[-1]
-        while proc.poll() is None and (checkpoint_steps(killed) or [0])[-1] <= before:
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0, 0.4))  # somewhere after a new checkpoint
+        while proc.poll() is None and (checkpoint_steps(killed) or [0])[-1] < target:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0, 0.05))
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1
         proc.wait()
         assert proc.returncode in (0, -signal.SIGKILL), proc.stderr.read().decode()
-        if proc.returncode == 0:
-            break
-    else:
-        done = subprocess.run(command(config, "--model-dir", killed, *steps), env=ENV, capture_output=True)
-        assert done.returncode == 0, done.stderr.decode()
-    assert kills >= 1
-    assert checkpoint_steps(killed)[-1] == 20
-    assert saved_offsets(killed) == {"kill": {"0": 640}} == saved_offsets(whole)
+        assert (checkpoint_steps(killed) or [64])[-1] < 64, f"finished before kill {kills + 1} (seed {seed})"
+    done = subprocess.run(command(config, "--model-dir", killed, *steps), env=ENV, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert kills == 3
+    assert checkpoint_steps(killed)[-1] == 64
+    assert saved_offsets(killed) == {"kill": {"0": 64 * 32}} == saved_offsets(whole)
     assert_same_rows(killed, whole)
     got, want = dense_weights(killed), dense_weights(whole)
     assert got.keys() == want.keys()

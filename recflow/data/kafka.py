@@ -203,7 +203,8 @@ class KafkaSource:
                 self._drain()
                 self._thread.join(0.1)
         if self._consumer is not None:
-            self._flush_commit()
+            if self.error is None:  # a commit to a broker that is down waits for its timeout
+                self._flush_commit()
             self._consumer.close()
             self._consumer = None
 
