@@ -56,7 +56,7 @@ class Broker:
                 return
             except OSError:
                 if self.proc.poll() is not None:
-                    raise RuntimeError(f"tansu exited with {self.proc.returncode}; see {self.log_path}")
+                    raise RuntimeError(f"tansu exited with {self.proc.returncode}; see {self.log_path}") from None
                 time.sleep(0.05)
         raise RuntimeError(f"tansu did not listen on {self.port}; see {self.log_path}")
 

