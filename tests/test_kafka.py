@@ -216,3 +216,77 @@ def test_a_broker_that_is_down_and_a_missing_topic_are_one_line_exit_2(broker, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("recflow: data.kafka.topic: no topic 'no-such-topic' on ")
     assert not (tmp_path / "run").exists()
+
+
+def test_sigterm_ends_a_live_stream_normally(broker, tmp_path):
+    """`recflow train examples/kafka_stream.yaml` while a producer writes; SIGTERM: a final
+    delta and checkpoint, the export, `stopped at step N`, exit 0; no message trained twice."""
+    import threading
+
+    broker.create_topic("live", 1)
+    model_dir = tmp_path / "run"
+    sets = [f"data.kafka.servers={broker.servers}", "data.kafka.topic=live", "data.batch_size=32",
+            f"train.model_dir={model_dir}", "export.delta_every_seconds=0.5"]
+    args = [a for s in sets for a in ("--set", s)]
+    proc = subprocess.Popen(command(os.path.join(ROOT, "examples", "kafka_stream.yaml"), *args), env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stop = threading.Event()
+    sent = []
+
+    def produce():
+        while not stop.is_set():
+            batch = lines(len(sent), 20)
+            broker.produce("live", batch)
+            sent.extend(batch)
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    try:
+        while not (model_dir / "deltas").is_dir():
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop.set()
+        producer.join()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err.decode()
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    step, trained = metrics["steps"], metrics["examples"]
+    assert f"stopped at step {step} (SIGTERM)" in out.decode()
+    assert 0 < trained <= len(sent) and metrics["kafka_offsets"] == {"live:0": trained}
+    assert saved_offsets(str(model_dir)) == {"live": {"0": trained}}
+    assert (model_dir / "export" / str(step)).is_dir()
+    newest = max(int(d) for d in os.listdir(model_dir / "deltas") if d.isdigit())
+    assert newest == step  # the final delta
+    manifest = json.loads((model_dir / "deltas" / str(newest) / "manifest.json").read_text())
+    assert manifest["kafka_offsets"]["live"]["0"][1] == trained
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"kafka": {"topic": "t"}}, "data.kafka.servers: required"),
+        ({"kafka": {"servers": "h:1"}}, "data.kafka.topic: set one of topic"),
+        ({"kafka": {"servers": "h:1", "topic": "a b"}}, "data.kafka.topic: 'a b' is not a Kafka topic name"),
+        ({"kafka": {"servers": "h:1", "topic": "t", "client": {"group.id": "x"}}}, "data.kafka.client.group.id: set by recflow"),
+        ({"kafka": {"servers": "h:1", "topic": "t", "poll_timeout_ms": 0}}, "data.kafka.poll_timeout_ms: expected a positive"),
+        ({"kafka": {"servers": "h:1", "topic": "t"}, "csv": {"header": True}}, "data.csv.columns: required with data.kafka.format: csv"),
+        ({}, "data.kafka: required for format 'kafka'"),
+    ],
+)
+def test_config_errors_name_the_field(tmp_path, data, message):
+    import yaml
+
+    from recflow.config import load_config
+    from recflow.errors import RecflowError
+
+    raw = {"version": 1, "data": {"format": "kafka", "label": "click", **data},
+           "features": [{"name": "user", "kind": "categorical", "dtype": "int64"}]}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(RecflowError, match="^" + str(path).replace(".", r"\.") + ": " + message.replace(".", r"\.").replace("(", r"\(")):
+        load_config(str(path))
