@@ -144,6 +144,10 @@ def _load(args, check_data: bool = True):
     _context["model_dir"] = config.train.model_dir
     if check_data:
         check_sources(config)
+    if config.data.format == "kafka" and args.command == "train":
+        from recflow.data.kafka import KafkaSource
+
+        KafkaSource(config, {}).check()  # a broker that is down costs no TensorFlow start-up
     import_tensorflow()
     return config
 
@@ -196,8 +200,17 @@ def _train(args, config) -> int:
 
     if args.warm_start and not os.path.isdir(args.warm_start):
         raise RecflowError(f"--warm-start {args.warm_start}: no such model dir")
-    trainer = _trainer(config, 0 if (args.quiet or args.follow) else 1, args.warm_start)
-    if args.follow:
+    stream = config.data.format == "kafka"
+    trainer = _trainer(config, 0 if (args.quiet or args.follow or stream) else 1, args.warm_start)
+    if stream:
+        if args.follow:
+            raise RecflowError("--follow: data.format kafka is a stream already; leave --follow out")
+        from recflow.training.kafka_stream import stream as kafka_stream
+
+        result = trainer.run(train=lambda: kafka_stream(trainer))
+        if result.get("stopped"):  # the normal end of a stream: exit 0
+            print(f"stopped at step {result['steps']} ({result['stopped']}); offsets {result['kafka_offsets']}")
+    elif args.follow:
         from recflow.training.follow import follow
 
         def report(file, examples, step):

@@ -13,7 +13,7 @@ import yaml
 from recflow.atomic import write_text
 from recflow.config import limits, model_module
 from recflow.config.convert import from_dict, to_dict
-from recflow.config.schema import Config, SequenceFeature
+from recflow.config.schema import Config, SequenceFeature, check_kafka
 from recflow.errors import ConfigError, RecflowError
 
 
@@ -292,6 +292,9 @@ def config_from_dict(raw: dict, config_dir: str | None = None) -> Config:
 def check_data(config: Config) -> None:
     """Checks what only a command that reads the data needs."""
     data = config.data
+    if data.format == "kafka":
+        check_kafka(config)
+        return
     if data.format != "synthetic":
         if not data.train:
             raise ConfigError(

@@ -7,6 +7,7 @@ in `recflow.config.loader`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -93,6 +94,7 @@ class DataConfig:
         batch_size: rows per training step.
         csv: CSV settings.
         synthetic: synthetic data settings (`format: synthetic` only).
+        kafka: the topics a stream run trains on (required for `format: kafka`).
         shuffle: shuffle the training rows each epoch; false keeps file order (reproducible runs).
         shuffle_buffer: records in the shuffle window (blocks of up to 256 consecutive records are shuffled in it).
         seed: shuffle seed; epoch e uses `seed + e`.
@@ -102,13 +104,14 @@ class DataConfig:
         sample_rows: rows read from the start of `train` to fit `normalizer: {type: auto}`.
     """
 
-    format: Literal["csv", "tfrecord", "parquet", "synthetic"] = "csv"
+    format: Literal["csv", "tfrecord", "parquet", "synthetic", "kafka"] = "csv"
     train: tuple[str, ...] = ()
     eval: tuple[str, ...] = ()
     label: tuple[str, ...] = ()
     batch_size: int = 1024
     csv: CsvOptions = field(default_factory=CsvOptions)
     synthetic: SyntheticOptions = field(default_factory=SyntheticOptions)
+    kafka: KafkaOptions | None = None  # required for format: kafka
     shuffle: bool = True
     shuffle_buffer: int = 10_000
     seed: int = 7
@@ -137,6 +140,107 @@ class DataConfig:
         """The stripped raw values of `label` that count as 1, or None when not mapped."""
         values = self.positive.get(label)
         return None if values is None else tuple(str(v).strip() for v in values)
+
+
+# ----------------------------------------------------------------------------- data: kafka
+
+
+@dataclass(frozen=True)
+class KafkaOptions:
+    """The Kafka topics a stream run trains on (`data.kafka`).
+
+    Every partition of the topics is read (`assign`, no group rebalancing); `group_id`
+    only names the group the trained offsets are committed to, for monitoring.
+
+    Attributes:
+        servers: bootstrap servers, `host:port[,host:port...]`.
+        topic: the topic read (or `topics`).
+        topics: several topics read (or `topic`).
+        group_id: the consumer group the trained offsets are committed to after each checkpoint.
+        format: a message is one `csv` line (columns `data.csv.columns`) or one `json` object.
+        poll_timeout_ms: a partial batch is trained once the stream is caught up and idle this long.
+        connect_timeout_s: a broker unreachable this long ends the run with a checkpoint (exit 2), at start or mid-run.
+        metadata_interval_s: how often new partitions are looked for.
+        queue_batches: whole batches read ahead of the training step.
+        client: librdkafka settings passed through (not those recflow owns for exact offsets).
+    """
+
+    servers: str = ""
+    topic: str | None = None
+    topics: tuple[str, ...] = ()
+    group_id: str = "recflow"
+    format: Literal["csv", "json"] = "csv"
+    poll_timeout_ms: int = 500
+    connect_timeout_s: float = 30.0
+    metadata_interval_s: float = 10.0
+    queue_batches: int = 8
+    client: dict[str, Any] = field(default_factory=dict)
+
+    # Settings recflow owns: a passthrough value would break exact offsets.
+    OWNED: ClassVar[tuple[str, ...]] = (
+        "bootstrap.servers",
+        "group.id",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "enable.partition.eof",
+        "auto.offset.reset",
+    )
+
+    def validate(self) -> None:
+        if not self.servers.strip():
+            raise ConfigError("servers", "required, e.g. servers: 127.0.0.1:9092")
+        if (self.topic is None) == (not self.topics):
+            raise ConfigError("topic", "set one of topic (a name) or topics (a list)")
+        for i, topic in enumerate(self.names):
+            if not _TOPIC.fullmatch(topic):
+                where = "topic" if self.topic is not None else f"topics[{i}]"
+                raise ConfigError(where, f"{topic!r} is not a Kafka topic name ([a-zA-Z0-9._-], 1-249)")
+        if len(set(self.names)) != len(self.names):
+            raise ConfigError("topics", "a topic is listed twice")
+        if not self.group_id:
+            raise ConfigError("group_id", "expected a non-empty string")
+        _positive(self, "poll_timeout_ms")
+        _positive(self, "connect_timeout_s")
+        _positive(self, "metadata_interval_s")
+        _positive(self, "queue_batches")
+        for key, value in self.client.items():
+            if key in self.OWNED:
+                raise ConfigError(f"client.{key}", "set by recflow (exact offsets); remove it")
+            if not isinstance(value, (str, int, float, bool)):
+                raise ConfigError(f"client.{key}", f"expected a string, number or boolean, got {value!r}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The topics read."""
+        return (self.topic,) if self.topic is not None else self.topics
+
+
+_TOPIC = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+
+
+def check_kafka(config: Config) -> None:
+    """What a stream run from Kafka needs of the other sections."""
+    data = config.data
+    if data.kafka is None:
+        raise ConfigError("data.kafka", "required for format 'kafka' (servers, topic)")
+    if data.train:
+        raise ConfigError("data.train", "not used with format 'kafka' (the stream is data.kafka); remove it")
+    if data.eval:
+        raise ConfigError("data.eval", "not supported with format 'kafka'")
+    if data.kafka.format == "csv" and not data.csv.columns:
+        raise ConfigError(
+            "data.csv.columns", "required with data.kafka.format: csv (a message has no header line)"
+        )
+    if config.distribute.strategy != "local":
+        raise ConfigError("distribute.strategy", "format 'kafka' trains with strategy 'local'")
+    if config.train.epochs is not None:
+        raise ConfigError("train.epochs", "a stream has no epochs; use train.steps or stop it with a signal")
+    for i, f in enumerate(config.features):
+        normalizer = getattr(f, "normalizer", None)
+        if normalizer is not None and type(normalizer).__name__ == "AutoNormalizer":
+            raise ConfigError(
+                f"features[{i}].normalizer", "type auto needs data files to fit; give mean and std"
+            )
 
 
 # ----------------------------------------------------------------------------- features
@@ -689,6 +793,7 @@ class TrainConfig:
         optimizer: the dense weights' optimizer.
         sparse_optimizer: the embedding tables' optimizer, unless a table sets its own.
         checkpoint_every_steps: checkpoint (and evict) every N steps; null: only at the end.
+        checkpoint_every_seconds: also checkpoint when this many seconds have passed since the last one (streams).
         keep_checkpoints: checkpoints kept.
         log_every_steps: write the loss and examples/s to TensorBoard (`MODEL_DIR/logs`) every N steps.
         seed: seed of the dense initial weights, dropout and new embedding rows.
@@ -702,6 +807,7 @@ class TrainConfig:
     optimizer: DenseOptimizerConfig = field(default_factory=DenseOptimizerConfig)
     sparse_optimizer: OptimizerSpec = field(default_factory=AdamConfig)
     checkpoint_every_steps: int | None = 1000
+    checkpoint_every_seconds: float | None = None
     keep_checkpoints: int = 3
     log_every_steps: int = 100
     seed: int = 7
@@ -714,6 +820,7 @@ class TrainConfig:
         _positive(self, "epochs", allow_none=True)
         _positive(self, "steps", allow_none=True)
         _positive(self, "checkpoint_every_steps", allow_none=True)
+        _positive(self, "checkpoint_every_seconds", allow_none=True)
         _positive(self, "keep_checkpoints")
         _positive(self, "log_every_steps")
         _seed(self, "seed")
@@ -736,16 +843,22 @@ class ExportConfig:
     Attributes:
         every_steps: also export a SavedModel version every N steps (online learning); the run's end always exports.
         delta_every_steps: write `deltas/<step>/` with the rows updated since the previous delta every N steps.
+        every_seconds: also export a version when this many seconds have passed since the last one (streams).
+        delta_every_seconds: also write a delta when this many seconds have passed since the last one (streams).
         keep: SavedModel versions kept in `MODEL_DIR/export`.
     """
 
     every_steps: int | None = None
     delta_every_steps: int | None = None
+    every_seconds: float | None = None
+    delta_every_seconds: float | None = None
     keep: int = 5
 
     def validate(self) -> None:
         _positive(self, "every_steps", allow_none=True)
         _positive(self, "delta_every_steps", allow_none=True)
+        _positive(self, "every_seconds", allow_none=True)
+        _positive(self, "delta_every_seconds", allow_none=True)
         _positive(self, "keep")
 
 

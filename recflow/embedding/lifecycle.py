@@ -20,16 +20,19 @@ def evict(engine: EmbeddingEngine, step: int) -> dict[str, int]:
     return engine.rebuild(step)
 
 
-def write_delta(engine: EmbeddingEngine, deltas_dir: str, since_step: int, step: int) -> str:
+def write_delta(
+    engine: EmbeddingEngine, deltas_dir: str, since_step: int, step: int, extra: dict | None = None
+) -> str:
     """Writes `deltas/<step>/`: manifest.json + one <table>.npz per logical table.
 
     Each npz holds the raw ids (`keys`, int64, the slot removed) and embeddings
-    (`values`, float32 [n, dim]) of the rows updated after `since_step`.
+    (`values`, float32 [n, dim]) of the rows updated after `since_step`. `extra`:
+    more manifest fields (a stream's sequence number and offsets).
     """
     final = os.path.join(deltas_dir, str(step))
     rows = engine.updated_rows(since_step)
     with staged_dir(final) as tmp:
-        manifest = {"step": step, "since_step": since_step, "tables": {}}
+        manifest = {**(extra or {}), "step": step, "since_step": since_step, "tables": {}}
         for name, (keys, values) in rows.items():
             np.savez(
                 os.path.join(tmp, f"{name}.npz"),

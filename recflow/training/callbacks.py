@@ -12,7 +12,10 @@ The loop calls, in list order:
 before the steps just run: the local loop runs one step at a time, the
 parameter-server loop a chunk of steps per worker) and `examples` (rows trained
 so far by this run). A schedule of every N steps fires when the step reaches or
-passes a multiple of N (`crossed`).
+passes a multiple of N (`crossed`); a schedule of every S seconds
+(`train.checkpoint_every_seconds`, `export.every_seconds`,
+`export.delta_every_seconds`, for streams that never end) fires at the first step
+end S seconds or more after it last fired (or after training began).
 
 The built-in schedule runs, after a step: eviction -> delta -> export ->
 checkpoint. Eviction comes first so a delta holds only surviving rows; the
@@ -44,6 +47,32 @@ def crossed(previous: int, step: int, every: int | None) -> bool:
     return bool(every) and previous // every < step // every
 
 
+class Schedule:
+    """Every `steps` steps and/or every `seconds` seconds (either may be None).
+
+    `due(previous, step)` is decided once per step, so callbacks that share a schedule
+    (eviction and checkpoint) agree; a time schedule restarts when it fires.
+    """
+
+    def __init__(self, steps: int | None, seconds: float | None):
+        self.steps, self.seconds = steps, seconds
+        self._since = time.monotonic()
+        self._step: int | None = None
+        self._due = False
+
+    def restart(self) -> None:
+        self._since, self._step = time.monotonic(), None
+
+    def due(self, previous: int, step: int) -> bool:
+        if step != self._step:
+            now = time.monotonic()
+            late = self.seconds is not None and now - self._since >= self.seconds
+            self._step, self._due = step, crossed(previous, step, self.steps) or late
+            if self._due:
+                self._since = now
+        return self._due
+
+
 class TrainerCallback(keras.callbacks.Callback):
     """A callback bound to a `Trainer` (for its model dir, checkpoint and export).
 
@@ -56,37 +85,48 @@ class TrainerCallback(keras.callbacks.Callback):
         self.trainer = trainer
 
 
-class EvictionCallback(TrainerCallback):
+class _Scheduled(TrainerCallback):
+    """A callback that runs on a `Schedule` (its own, or one shared with another)."""
+
+    def __init__(self, trainer, schedule: Schedule):
+        super().__init__(trainer)
+        self.schedule = schedule
+
+    def on_train_begin(self, logs=None):
+        self.schedule.restart()
+
+
+class EvictionCallback(_Scheduled):
     """Removes stale rows (`eviction.ttl_steps` / `max_keys`) at every checkpoint step."""
 
     def on_train_batch_end(self, batch, logs=None):
-        every = self.trainer.config.train.checkpoint_every_steps
-        if crossed(logs["previous_step"], batch, every):
+        if self.schedule.due(logs["previous_step"], batch):
             self.trainer.evict()
 
 
-class DeltaCallback(TrainerCallback):
-    """Writes `deltas/<step>/` every `export.delta_every_steps`."""
+class DeltaCallback(_Scheduled):
+    """Writes `deltas/<step>/` every `export.delta_every_steps` / `delta_every_seconds`."""
 
     def on_train_batch_end(self, batch, logs=None):
-        if crossed(logs["previous_step"], batch, self.trainer.config.export.delta_every_steps):
+        if self.schedule.due(logs["previous_step"], batch):
             self.trainer.write_delta()
 
 
-class ExportCallback(TrainerCallback):
-    """Writes `export/<step>/` every `export.every_steps`."""
+class ExportCallback(_Scheduled):
+    """Writes `export/<step>/` every `export.every_steps` / `every_seconds`."""
 
     def on_train_batch_end(self, batch, logs=None):
-        if crossed(logs["previous_step"], batch, self.trainer.config.export.every_steps):
+        if self.schedule.due(logs["previous_step"], batch):
             self.trainer.export()
 
 
-class CheckpointCallback(TrainerCallback):
-    """Checkpoints every `train.checkpoint_every_steps` (eviction ran just before, see
-    `EvictionCallback`), and at the end of training unless the step was just saved."""
+class CheckpointCallback(_Scheduled):
+    """Checkpoints every `train.checkpoint_every_steps` / `checkpoint_every_seconds`
+    (eviction ran just before, on the same schedule, see `EvictionCallback`), and at
+    the end of training unless the step was just saved."""
 
     def on_train_batch_end(self, batch, logs=None):
-        if crossed(logs["previous_step"], batch, self.trainer.config.train.checkpoint_every_steps):
+        if self.schedule.due(logs["previous_step"], batch):
             self.trainer.save_checkpoint(evict=False)
 
     def on_train_end(self, logs=None):
@@ -228,11 +268,13 @@ def write_evaluation(model_dir: str, step: int, result: dict) -> None:
 
 def default_callbacks(trainer) -> list[keras.callbacks.Callback]:
     """The built-in schedule, in the order it must run: evict, delta, export, checkpoint, log."""
+    train, export = trainer.config.train, trainer.config.export
+    checkpoint = Schedule(train.checkpoint_every_steps, train.checkpoint_every_seconds)
     return [
-        EvictionCallback(trainer),
-        DeltaCallback(trainer),
-        ExportCallback(trainer),
-        CheckpointCallback(trainer),
+        EvictionCallback(trainer, checkpoint),
+        DeltaCallback(trainer, Schedule(export.delta_every_steps, export.delta_every_seconds)),
+        ExportCallback(trainer, Schedule(export.every_steps, export.every_seconds)),
+        CheckpointCallback(trainer, checkpoint),
         TensorBoardLogger(trainer),
     ]
 

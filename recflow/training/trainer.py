@@ -140,6 +140,8 @@ class Trainer:
         self.bad_rows = 0
         self.nonfinite_values = 0  # numeric values read as missing: inf, overflow, "nan"
         self.truncated_rows = 0  # multi_hot rows cut to max_values
+        # More delta manifest fields, asked for at each delta (a stream's sequence, offsets).
+        self.delta_info: Callable[[], dict] | None = None
 
     def status(self, message: str) -> None:
         """Says what a long set-up step is doing (printed with the progress bar, verbose=1)."""
@@ -302,6 +304,11 @@ class Trainer:
         self._saved_step = step
         return path
 
+    @property
+    def saved_step(self) -> int:
+        """The step of the checkpoint last written or restored (-1: none yet)."""
+        return self._saved_step
+
     def save_final_checkpoint(self) -> None:
         """The end-of-training checkpoint, unless this step was just saved.
 
@@ -329,7 +336,8 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         try:
-            path = lifecycle.write_delta(self.model.embedding, deltas, since, step)
+            extra = self.delta_info() if self.delta_info is not None else None
+            path = lifecycle.write_delta(self.model.embedding, deltas, since, step, extra)
         except BaseException:
             if old is not None:
                 os.replace(old, final)
