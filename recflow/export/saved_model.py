@@ -33,7 +33,7 @@ from recflow.atomic import staged_dir, write_json
 from recflow.config.convert import to_dict
 from recflow.embedding.table import empty_buckets, segment_buckets
 from recflow.errors import RecflowError
-from recflow.features.keys import DELETED_KEY, EMPTY_KEY
+from recflow.features.keys import DELETED_KEY, EMPTY_KEY, encode_parts
 from recflow.features.transform import serving_dtype, transform
 from recflow.models import identity
 from recflow.models.base import RankingModel, RetrievalModel
@@ -127,6 +127,55 @@ class ServingModule(tf.Module):
             self.serving_signatures = {"serving_default": self.serving_default}
         # Traced first: a model restored without a step creates its weights here.
         self.dense_variables = list(model.variables)
+        self.apply_delta = self._trace_apply_delta(model)
+
+    def _trace_apply_delta(self, model: RankingModel):
+        """`apply_delta(delta)`: brings this module's tables, dense weights and step to a
+        delta's (layout in `recflow.embedding.lifecycle`), in place, with core ops only.
+
+        `delta` holds `step` (int64 scalar), `dense` (every dense weight, flattened and
+        concatenated [size] float32) and per logical table `<table>/ids` [n] int64,
+        `<table>/values` [n, dim] float32 and `<table>/evicted` [m] int64. Evicted ids
+        get the default (zero) row, the one an unknown id reads: nothing is erased from
+        the `DenseHashTable`s (DESIGN.md section 9); a new full export drops them.
+        Returns {"step": step}. A function of the module, not a signature: a TF Serving
+        client must not be able to change the model.
+        """
+        weights = dense_weights(model)
+        sizes = [int(v.shape.num_elements()) for v in weights]
+        uses = []  # (serving table index, slot, logical name, dim)
+        spec = {
+            "step": tf.TensorSpec([], tf.int64, name="step"),
+            "dense": tf.TensorSpec([None], tf.float32, name="dense"),
+        }
+        for index, physical in enumerate(model.embedding.plan):
+            for logical in physical.logical:
+                uses.append((index, physical.slot(logical.name), logical.name, physical.dim))
+                for part, shape, dtype in DELTA_PARTS:
+                    name = f"{logical.name}/{part}"
+                    shape = [None, physical.dim] if shape == 2 else [None]
+                    spec[name] = tf.TensorSpec(shape, dtype, name=delta_input_name(name))
+
+        def apply(delta):
+            # Every check before the first write: a malformed delta changes nothing.
+            checks = [tf.debugging.assert_equal(tf.size(delta["dense"]), sum(sizes),
+                                                message="dense: wrong size")]
+            for _, _, name, _ in uses:
+                checks.append(tf.debugging.assert_equal(
+                    tf.shape(delta[f"{name}/values"])[0], tf.size(delta[f"{name}/ids"]),
+                    message=f"{name}: values and ids differ in length"))
+            with tf.control_dependencies(checks):
+                for index, slot, name, dim in uses:
+                    table = self.tables[index]
+                    evicted = encode_parts([delta[f"{name}/evicted"]], [slot])
+                    table.insert(evicted, tf.zeros(tf.stack([tf.size(evicted), dim])))
+                    table.insert(encode_parts([delta[f"{name}/ids"]], [slot]), delta[f"{name}/values"])
+                for variable, part in zip(weights, tf.split(delta["dense"], sizes) if sizes else []):
+                    variable.assign(tf.reshape(part, variable.shape))
+                self.global_step.assign(delta["step"])
+            return {"step": tf.identity(delta["step"])}
+
+        return tf.function(apply, input_signature=[spec], autograph=False).get_concrete_function()
 
     def refresh(self, step: int) -> None:
         """Copies the model's current rows (evicted keys leave) and `step` into the module."""
@@ -136,6 +185,21 @@ class ServingModule(tf.Module):
             with tf.device("/cpu:0"):
                 empty_buckets(table, serving_buckets(int(keys.shape[0])), self._dims[index])
                 table.insert(keys, emb)
+
+
+# The per-table inputs of `apply_delta`: (name, rank, dtype).
+DELTA_PARTS = (("ids", 1, tf.int64), ("values", 2, tf.float32), ("evicted", 1, tf.int64))
+
+
+def delta_input_name(name: str) -> str:
+    """A graph-safe placeholder name for an `apply_delta` input."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def dense_weights(model: RankingModel) -> list[tf.Variable]:
+    """The model's dense float weights, in a fixed order: what a delta carries and
+    `apply_delta` assigns (table routes and counters are integers, not carried)."""
+    return [v for v in model.variables if v.dtype.is_floating]
 
 
 def empty_column(feature, batch: tf.Tensor) -> tf.Tensor:
