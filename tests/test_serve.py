@@ -106,9 +106,8 @@ def test_deltas_carry_evictions_dense_weights_and_a_sequence(trained):
             assert not set(data["evicted"].tolist()) & set(data["keys"].tolist())
         with np.load(model_dir / "deltas" / str(step) / "u.npz") as data:
             assert data["evicted"].size == 0
-        with np.load(model_dir / "deltas" / str(step) / "dense.npz") as data:
-            assert data["weights"].size == m["dense"]["size"]
-            assert m["dense"]["size"] == sum(int(np.prod(s)) for _, s in m["dense"]["variables"])
+        assert np.load(model_dir / "deltas" / str(step) / "dense.npy").size == m["dense"]["size"]
+        assert m["dense"]["size"] == sum(int(np.prod(s)) for _, s in m["dense"]["variables"])
     assert any(evicted[s] for s in steps[2:])  # the check above saw evictions
 
 
@@ -154,7 +153,7 @@ APPLY_WITHOUT_RECFLOW = textwrap.dedent(
         folder = os.path.join(model_dir, "deltas", str(step))
         manifest = json.load(open(os.path.join(folder, "manifest.json")))
         feed = {"step": tf.constant(step, tf.int64),
-                "dense": tf.constant(np.load(os.path.join(folder, "dense.npz"))["weights"])}
+                "dense": tf.constant(np.load(os.path.join(folder, "dense.npy")))}
         for table in manifest["tables"]:
             data = np.load(os.path.join(folder, table + ".npz"))
             feed[table + "/ids"] = tf.constant(data["keys"])
@@ -200,3 +199,202 @@ def test_deltas_applied_to_an_export_match_the_full_export(trained, tmp_path, st
     assert set(rows["item"][step > start]) - set(rows["item"][step <= start]) <= set(held["item"])
     evicted = set().union(*(v for s, v in evicted_by_hand(rows).items() if s > start))
     assert evicted and evicted <= set(held["item"])
+
+
+# ----------------------------------------------------------------------------- the server
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(port, path, body=None):
+    """(status, parsed JSON or text) of one request to the server."""
+    import urllib.error
+    import urllib.request
+
+    data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text = response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text
+
+
+def wait_for(port, condition, what, seconds=90):
+    """Polls /healthz until `condition(health)`; fails (no hang) after `seconds`."""
+    import time
+
+    end = time.monotonic() + seconds
+    health = None
+    while time.monotonic() < end:
+        try:
+            status, health = http(port, "/healthz")
+            if status == 200 and condition(health):
+                return health
+        except OSError:
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"server never reached: {what} (last /healthz: {health})")
+
+
+def start_server(model_dir, port, log):
+    return subprocess.Popen(
+        [sys.executable, "-m", "recflow.cli", "serve", str(model_dir), "--port", str(port),
+         "--model-name", "m"],
+        stdout=log, stderr=subprocess.STDOUT,
+    )
+
+
+def export_predictions(export_dir, rows):
+    import tensorflow as tf
+
+    serve = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
+    out = serve(user=tf.constant(rows["user"]), item=tf.constant(rows["item"].tolist()),
+                price=tf.constant(rows["price"]))
+    return out["probability"].numpy().reshape(-1)
+
+
+def instances(rows):
+    return [{"user": int(u), "item": str(i), "price": float(p)}
+            for u, i, p in zip(rows["user"], rows["item"], rows["price"])]
+
+
+def served_predictions(port, rows):
+    status, out = http(port, "/v1/models/m:predict", {"instances": instances(rows)})
+    assert status == 200, out
+    return np.array(out["predictions"]).reshape(-1)
+
+
+def copy_delta(src, dst, step=None, since=None, sequence=None, **manifest_changes):
+    """Copies a delta dir, optionally renumbered (written to a temp dir, then renamed)."""
+    import shutil
+
+    tmp = dst.parent / f".tmp-{dst.name}"
+    shutil.copytree(src, tmp)
+    m = json.loads((tmp / "manifest.json").read_text())
+    for key, value in (("step", step), ("since_step", since), ("sequence", sequence)):
+        if value is not None:
+            m[key] = value
+    m.update(manifest_changes)
+    (tmp / "manifest.json").write_text(json.dumps(m))
+    os.replace(tmp, dst)
+
+
+def test_server_follows_exports_and_deltas_and_survives_kill_9(trained, tmp_path):
+    import shutil
+    import signal
+
+    _, rows, source = trained
+    held = held_out_rows(rows)
+    served = tmp_path / "shop"
+    shutil.copytree(source / "export" / "4", served / "export" / "4")
+    (served / "deltas").mkdir()
+    port, log = free_port(), open(tmp_path / "server.log", "w")
+    server = start_server(served, port, log)
+    try:
+        wait_for(port, lambda h: h["step"] == 4, "export 4 loaded")
+        expected4 = export_predictions(source / "export" / "4", held)
+        np.testing.assert_allclose(served_predictions(port, held), expected4, rtol=0, atol=1e-6)
+        # TF Serving's status, metadata and columnar format; a pinned version.
+        status, body = http(port, "/v1/models/m")
+        assert status == 200 and body["model_version_status"][0]["version"] == "4"
+        status, body = http(port, "/v1/models/m/metadata")
+        inputs = body["metadata"]["signature_def"]["signature_def"]["serving_default"]["inputs"]
+        assert status == 200 and inputs["user"]["dtype"] == "DT_INT64" and inputs["item"]["dtype"] == "DT_STRING"
+        columns = {"user": held["user"].tolist(), "item": held["item"].tolist(), "price": held["price"].tolist()}
+        status, body = http(port, "/v1/models/m/versions/4:predict", {"inputs": columns})
+        assert status == 200
+        np.testing.assert_allclose(np.array(body["outputs"]).reshape(-1), expected4, atol=1e-6)
+        assert http(port, "/v1/models/m/versions/3:predict", {"inputs": columns})[0] == 404
+
+        # Deltas 6 and 8 appear: applied in place, in order; the model equals export 8.
+        for step in (6, 8):
+            shutil.copytree(source / "deltas" / str(step), served / "deltas" / str(step))
+        wait_for(port, lambda h: h["step"] == 8 and h["version"] == 4, "deltas 6, 8 applied")
+        expected8 = export_predictions(source / "export" / "8", held)
+        assert np.max(np.abs(expected8 - expected4)) > 1e-4
+        np.testing.assert_allclose(served_predictions(port, held), expected8, rtol=0, atol=1e-6)
+
+        # A new full export is swapped in; then kill -9 and a restart serve the same.
+        shutil.copytree(source / "export" / "12", served / "export" / ".tmp-12")
+        os.replace(served / "export" / ".tmp-12", served / "export" / "12")
+        wait_for(port, lambda h: h["version"] == 12, "export 12 swapped in")
+        expected12 = export_predictions(source / "export" / "12", held)
+        np.testing.assert_allclose(served_predictions(port, held), expected12, rtol=0, atol=1e-6)
+        server.send_signal(signal.SIGKILL)
+        server.wait()
+        server = start_server(served, port, log)
+        wait_for(port, lambda h: h["version"] == 12, "restarted")
+        np.testing.assert_allclose(served_predictions(port, held), expected12, rtol=0, atol=1e-6)
+
+        # Bad deltas are logged and the last good state keeps serving.
+        last = source / "deltas" / "12"
+        copy_delta(last, served / "deltas" / "14", step=14, since=12, sequence=7)
+        (served / "deltas" / "14" / "i.npz").write_bytes((last / "i.npz").read_bytes()[:100])  # truncated
+        copy_delta(last, served / "deltas" / "15", step=15, since=12, sequence=7,
+                   structure_sha256="0" * 64)  # another model's
+        import time
+
+        time.sleep(1.0)  # several scans of the follower
+        health = http(port, "/healthz")[1]
+        assert (health["version"], health["step"]) == (12, 12)
+        np.testing.assert_allclose(served_predictions(port, held), expected12, rtol=0, atol=1e-6)
+        status, metrics = http(port, "/metrics")
+        assert status == 200
+        failures = [ln for ln in metrics.splitlines() if ln.startswith("recflow_serve_delta_failures ")]
+        assert failures == ["recflow_serve_delta_failures 1.0"]  # 14 refused; 15 waits behind it
+        # The model dir vanishes: still serving.
+        os.rename(served, tmp_path / "gone")
+        time.sleep(0.5)
+        np.testing.assert_allclose(served_predictions(port, held), expected12, rtol=0, atol=1e-6)
+        assert http(port, "/healthz")[0] == 200
+        assert 'recflow_serve_requests_total{code="200",endpoint="predict"}' in http(port, "/metrics")[1]
+    finally:
+        server.kill()
+        server.wait()
+        log.close()
+    text = (tmp_path / "server.log").read_text()
+    assert "deltas/14: not applied" in text and "cannot read its exports" in text
+
+
+def test_bad_requests_get_400_naming_the_field(trained, tmp_path):
+    _, rows, source = trained
+    port, log = free_port(), open(tmp_path / "server.log", "w")
+    server = start_server(source, port, log)
+    try:
+        wait_for(port, lambda h: h["version"] == STEPS, "export loaded")
+        good = {"user": 1, "item": "i3", "price": 2.5}
+        cases = [
+            ({"instances": [good, {"user": 1, "price": 1.0}]}, "instances[1].item: missing feature"),
+            ({"instances": [{**good, "user": "abc"}]}, "instances[0].user: expected an integer"),
+            ({"instances": [{**good, "item": 7}]}, "instances[0].item: expected a string"),
+            ({"instances": [{**good, "price": "x"}]}, "instances[0].price: expected a number"),
+            ({"instances": []}, "instances: empty batch"),
+            ({"inputs": {"user": [1], "item": ["a"]}}, "inputs.price: missing feature"),
+            ({"inputs": {"user": [1, 2], "item": ["a"], "price": [1.0, 2.0]}}, "inputs.item: 1 values"),
+            (b"{not json", "body: not JSON"),
+        ]
+        for body, message in cases:
+            status, out = http(port, "/v1/models/m:predict", body)
+            assert status == 400 and out["error"].startswith(message), (body, out)
+        assert http(port, "/v1/models/other:predict", {"instances": [good]})[0] == 404
+        # 100k rows in one request are answered, equal to the export's own answer.
+        n = 100_000
+        big = {"user": np.arange(n, dtype=np.int64) % 20, "item": np.array([f"i{k % 40}" for k in range(n)], dtype=object),
+               "price": (np.arange(n) % 7).astype(np.float32)}
+        expected = export_predictions(source / "export" / str(STEPS), big)
+        np.testing.assert_allclose(served_predictions(port, big), expected, rtol=0, atol=1e-6)
+        assert http(port, "/healthz")[0] == 200  # still serving after every bad request
+    finally:
+        server.kill()
+        server.wait()
+        log.close()

@@ -12,8 +12,8 @@ updates"):
     <table>.npz     per logical table: `keys` (raw ids [n] int64, the slot removed),
                     `values` (embeddings [n, dim] float32) of the rows updated after
                     `since_step`, and `evicted` (raw ids [m] int64 evicted after it)
-    dense.npz       `weights`: every dense weight of the model, flattened and
-                    concatenated in `dense.variables` order [size] float32
+    dense.npy       every dense weight of the model, flattened and concatenated in
+                    `dense.variables` order [size] float32 (not an npz: every *.npz is a table)
 
 Format 1 (no `sequence`, `evicted`, `dense`) is a subset: its readers keep working.
 Applying a delta: evicted ids first read the default row again, then the rows are
@@ -34,7 +34,7 @@ from recflow.atomic import staged_dir
 from recflow.embedding.engine import EmbeddingEngine
 
 DELTA_FORMAT = 2
-DENSE_FILE = "dense.npz"
+DENSE_FILE = "dense.npy"
 
 
 def evict(engine: EmbeddingEngine, step: int) -> dict[str, int]:
@@ -125,7 +125,7 @@ def write_delta(
             }
         flat = [np.asarray(v, np.float32).reshape(-1) for _, v in dense]
         weights = np.concatenate(flat) if flat else np.zeros(0, np.float32)
-        _save(tmp, DENSE_FILE, manifest, weights=weights)
+        _save(tmp, DENSE_FILE, manifest, weights)
         manifest["dense"] = {
             "size": int(weights.size),
             "variables": [[name, list(np.shape(v))] for name, v in dense],
@@ -135,9 +135,13 @@ def write_delta(
     return final
 
 
-def _save(directory: str, name: str, manifest: dict, **arrays) -> None:
+def _save(directory: str, name: str, manifest: dict, array=None, **arrays) -> None:
+    """Writes `array` (.npy) or `arrays` (.npz) and records the file's sha256."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    if array is not None:
+        np.save(buffer, array)
+    else:
+        np.savez(buffer, **arrays)
     data = buffer.getvalue()
     with open(os.path.join(directory, name), "wb") as f:
         f.write(data)
