@@ -137,15 +137,13 @@ def write_delta(
 
 def _save(directory: str, name: str, manifest: dict, array=None, **arrays) -> None:
     """Writes `array` (.npy) or `arrays` (.npz) and records the file's sha256."""
-    buffer = io.BytesIO()
+    path = os.path.join(directory, name)
     if array is not None:
-        np.save(buffer, array)
+        np.save(path, array)
     else:
-        np.savez(buffer, **arrays)
-    data = buffer.getvalue()
-    with open(os.path.join(directory, name), "wb") as f:
-        f.write(data)
-    manifest["files"][name] = hashlib.sha256(data).hexdigest()
+        np.savez(path, **arrays)
+    with open(path, "rb") as f:
+        manifest["files"][name] = hashlib.sha256(f.read()).hexdigest()
 
 
 def structure_fingerprint(structure: dict) -> str:
