@@ -96,6 +96,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("data_file")
     p.add_argument("--batch-size", type=int, default=4096)
 
+    p = sub.add_parser(
+        "serve", help="TF Serving REST API over the newest export, applying new deltas in place"
+    )
+    p.add_argument("model_dir", help="the model dir to serve (and follow)")
+    p.add_argument("--port", type=int, default=8501)
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind (loopback by default)")
+    p.add_argument("--model-name", help="the name in URLs (default: the model dir's folder name)")
     p = sub.add_parser("tables", help="per logical table: keys, bytes, keys per shard")
     p.add_argument("model_dir")
     p.add_argument("--json", action="store_true")
@@ -292,6 +299,24 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    if not 0 <= args.port < 65536:
+        raise RecflowError(f"--port: expected 0..65535, got {args.port}")
+    if not os.path.isdir(args.model_dir):
+        raise RecflowError(f"{args.model_dir}: no such model dir")
+    import_tensorflow()
+    from recflow.serve import run_server
+
+    handler = logging.StreamHandler()  # the server's own log: timestamped lines on stderr
+    handler.setFormatter(logging.Formatter("%(asctime)s recflow serve %(levelname)s %(message)s"))
+    serve_logger = logging.getLogger("recflow.serve")
+    serve_logger.addHandler(handler)
+    serve_logger.setLevel(logging.INFO)
+    serve_logger.propagate = False
+    run_server(args.model_dir, args.host, args.port, args.model_name)
+    return 0
+
+
 def cmd_tables(args) -> int:
     from recflow.embedding.plot import plot_history, require_matplotlib
 
@@ -367,6 +392,7 @@ def cmd_data_check(args) -> int:
 
 
 _COMMANDS = {
+    "serve": cmd_serve,
     "train": cmd_train,
     "evaluate": cmd_evaluate,
     "export": cmd_export,

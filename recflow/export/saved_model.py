@@ -129,6 +129,55 @@ class ServingModule(tf.Module):
             self.serving_signatures = {"serving_default": self.serving_default}
         # Traced first: a model restored without a step creates its weights here.
         self.dense_variables = list(model.variables)
+        self.apply_delta = self._trace_apply_delta(model)
+
+    def _trace_apply_delta(self, model: RankingModel):
+        """`apply_delta(delta)`: brings this module's tables, dense weights and step to a
+        delta's (layout in `recflow.embedding.lifecycle`), in place, with core ops only.
+
+        `delta` holds `step` (int64 scalar), `dense` (every dense weight, flattened and
+        concatenated [size] float32) and per logical table `<table>/ids` [n] int64,
+        `<table>/values` [n, dim] float32 and `<table>/evicted` [m] int64. Evicted ids
+        get the default (zero) row, the one an unknown id reads: nothing is erased from
+        the `DenseHashTable`s (DESIGN.md section 9); a new full export drops them.
+        Returns {"step": step}. A function of the module, not a signature: a TF Serving
+        client must not be able to change the model.
+        """
+        weights = dense_weights(model)
+        sizes = [int(v.shape.num_elements()) for v in weights]
+        uses = []  # (serving table index, slot, logical name, dim)
+        spec = {
+            "step": tf.TensorSpec([], tf.int64, name="step"),
+            "dense": tf.TensorSpec([None], tf.float32, name="dense"),
+        }
+        for index, physical in enumerate(model.embedding.plan):
+            for logical in physical.logical:
+                uses.append((index, physical.slot(logical.name), logical.name, physical.dim))
+                for part, shape, dtype in DELTA_PARTS:
+                    name = f"{logical.name}/{part}"
+                    shape = [None, physical.dim] if shape == 2 else [None]
+                    spec[name] = tf.TensorSpec(shape, dtype, name=delta_input_name(name))
+
+        def apply(delta):
+            # Every check before the first write: a malformed delta changes nothing.
+            checks = [tf.debugging.assert_equal(tf.size(delta["dense"]), sum(sizes),
+                                                message="dense: wrong size")]
+            for _, _, name, _ in uses:
+                checks.append(tf.debugging.assert_equal(
+                    tf.shape(delta[f"{name}/values"])[0], tf.size(delta[f"{name}/ids"]),
+                    message=f"{name}: values and ids differ in length"))
+            with tf.control_dependencies(checks):
+                for index, slot, name, dim in uses:
+                    table = self.tables[index]
+                    evicted = _served_keys(delta[f"{name}/evicted"], slot)
+                    table.insert(evicted, tf.zeros(tf.stack([tf.shape(evicted)[0], dim])))
+                    table.insert(_served_keys(delta[f"{name}/ids"], slot), delta[f"{name}/values"])
+                for variable, part in zip(weights, tf.split(delta["dense"], sizes) if sizes else []):
+                    variable.assign(tf.reshape(part, variable.shape))
+                self.global_step.assign(delta["step"])
+            return {"step": tf.identity(delta["step"])}
+
+        return tf.function(apply, input_signature=[spec], autograph=False).get_concrete_function()
 
     def refresh(self, step: int) -> None:
         """Copies the model's current rows (evicted keys leave) and `step` into the module."""
@@ -138,6 +187,26 @@ class ServingModule(tf.Module):
             with tf.device("/cpu:0"):
                 empty_buckets(table, serving_buckets(int(keys.shape[0])), self._dims[index])
                 table.insert(keys, emb)
+
+
+def _served_keys(ids: tf.Tensor, slot: int) -> tf.Tensor:
+    """The keys [n, 2] of raw ids [n] of logical table `slot` in a serving table: (slot, raw id)."""
+    return tf.stack([tf.fill(tf.shape(ids), tf.constant(slot, tf.int64)), ids], axis=1)
+
+
+# The per-table inputs of `apply_delta`: (name, rank, dtype).
+DELTA_PARTS = (("ids", 1, tf.int64), ("values", 2, tf.float32), ("evicted", 1, tf.int64))
+
+
+def delta_input_name(name: str) -> str:
+    """A graph-safe placeholder name for an `apply_delta` input."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def dense_weights(model: RankingModel) -> list[tf.Variable]:
+    """The model's dense float weights, in a fixed order: what a delta carries and
+    `apply_delta` assigns (table routes and counters are integers, not carried)."""
+    return [v for v in model.variables if v.dtype.is_floating]
 
 
 def empty_column(feature, batch: tf.Tensor) -> tf.Tensor:

@@ -28,14 +28,13 @@ logger = logging.getLogger(__name__)
 
 
 class KafkaState(tf.Module):
-    """Saved in each checkpoint: the next offset of each partition, the offsets at the
-    last delta, and the deltas' sequence number."""
+    """Saved in each checkpoint: the next offset of each partition and the offsets at
+    the last delta (the deltas' sequence number is the trainer's)."""
 
     def __init__(self):
         super().__init__(name="kafka")
         self.offsets = tf.Variable("{}", dtype=tf.string, trainable=False, name="offsets")
         self.delta_offsets = tf.Variable("{}", dtype=tf.string, trainable=False, name="delta_offsets")
-        self.delta_sequence = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_sequence")
         self._cache: kafka.Offsets | None = None
 
     def read(self) -> kafka.Offsets:
@@ -53,16 +52,15 @@ class KafkaState(tf.Module):
         self.offsets.assign(kafka.encode_offsets(current))
 
     def delta_info(self) -> dict:
-        """The next delta's manifest fields: its sequence number and the offsets it covers
+        """The next delta's manifest field `kafka_offsets`: the offsets it covers
         (`{topic: {partition: [from, to]}}`, `to` exclusive)."""
-        self.delta_sequence.assign_add(1)
         now = self.read()
         before = kafka.decode_offsets(self.delta_offsets.numpy().decode())
         self.delta_offsets.assign(kafka.encode_offsets(now))
         covered: dict = {}
         for (topic, partition), offset in sorted(now.items()):
             covered.setdefault(topic, {})[str(partition)] = [before.get((topic, partition), 0), offset]
-        return {"sequence": int(self.delta_sequence), "kafka_offsets": covered}
+        return {"kafka_offsets": covered}
 
 
 class StreamIterator:

@@ -25,7 +25,7 @@ from recflow.embedding import lifecycle
 from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
 from recflow.errors import DataError, RecflowError
-from recflow.export.saved_model import Exporter
+from recflow.export.saved_model import Exporter, dense_weights
 from recflow.features import fit
 from recflow.features.transform import transform
 from recflow.models import identity
@@ -122,6 +122,11 @@ class Trainer:
         # The step of the last delta written, saved in each checkpoint: a resume
         # continues the delta chain from its checkpoint, not from what is on disk.
         self._delta_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_step")
+        # The delta chain's last sequence number, and the raw ids evicted since its last
+        # delta (`lifecycle.ids_to_bytes`), checkpointed: a restart between an eviction
+        # and the next delta still tells the servers to forget them.
+        self._delta_sequence = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_sequence")
+        self._pending_evicted = tf.Variable(b"", dtype=tf.string, trainable=False, name="pending_evicted")
         # What the variables mean (`recflow.models.identity`), in every checkpoint.
         self.structure = identity.structure(self.model)
         self._structure = tf.Variable(
@@ -231,6 +236,8 @@ class Trainer:
             "model": model,
             "optimizer": model.optimizer,
             "delta_step": self._delta_step,
+            "delta_sequence": self._delta_sequence,
+            "pending_evicted": self._pending_evicted,
             identity.VARIABLE: self._structure,
             **extra,
         }
@@ -286,9 +293,24 @@ class Trainer:
         """Removes stale rows (eviction runs at every checkpoint)."""
         step = int(self.model.global_step)
         with self.table_health.evicting():
-            evicted = lifecycle.evict(self.model.embedding, step)
+            if self._tracks_evictions():
+                evicted, gone = lifecycle.evict_tracked(self.model.embedding, step)
+                if gone:
+                    pending = lifecycle.ids_from_bytes(self._pending_evicted.numpy())
+                    pending = lifecycle.merge_ids(pending, gone)
+                    self._pending_evicted.assign(lifecycle.ids_to_bytes(pending))
+            else:
+                evicted = lifecycle.evict(self.model.embedding, step)
         if any(evicted.values()):
             logger.info("step %d: evicted %s", step, evicted)
+
+    def _tracks_evictions(self) -> bool:
+        """Evicted ids are kept for the next delta once a delta chain is on (configured,
+        or started by `recflow export --delta`) and some table evicts."""
+        export = self.config.export
+        scheduled = export.delta_every_steps is not None or export.delta_every_seconds is not None
+        chain = scheduled or int(self._delta_step) > 0
+        return chain and any(t.spec.eviction is not None for t in self.model.embedding.physical_tables)
 
     def save_checkpoint(self, evict: bool = True) -> str:
         """Evicts stale rows (unless `evict` is False: done already), then writes a
@@ -320,10 +342,12 @@ class Trainer:
             self.save_checkpoint(evict=self.interrupted is None)
 
     def write_delta(self) -> str:
-        """Writes `deltas/<step>/`: rows updated since the previous delta (kept if up to date).
+        """Writes `deltas/<step>/`: rows updated and ids evicted since the previous delta,
+        and the dense weights (kept if up to date; layout in `recflow.embedding.lifecycle`).
 
-        The previous delta's step comes from the checkpoint (`delta_step`), so a
-        resumed run writes the same deltas as one that was never stopped.
+        The previous delta's step and sequence number and the ids evicted since come
+        from the checkpoint, so a resumed run writes the same deltas as one that was
+        never stopped.
         """
         step, since = int(self.model.global_step), int(self._delta_step)
         deltas = os.path.join(self.model_dir, "deltas")
@@ -336,8 +360,17 @@ class Trainer:
             shutil.rmtree(old, ignore_errors=True)
             os.replace(final, old)
         try:
-            extra = self.delta_info() if self.delta_info is not None else None
-            path = lifecycle.write_delta(self.model.embedding, deltas, since, step, extra)
+            path = lifecycle.write_delta(
+                self.model.embedding,
+                deltas,
+                since,
+                step,
+                sequence=int(self._delta_sequence) + 1,
+                structure_sha256=lifecycle.structure_fingerprint(self.structure),
+                dense=[(v.name, v.numpy()) for v in dense_weights(self.model)],
+                evicted=lifecycle.ids_from_bytes(self._pending_evicted.numpy()),
+                extra=self.delta_info() if self.delta_info is not None else None,
+            )
         except BaseException:
             if old is not None:
                 os.replace(old, final)
@@ -345,6 +378,8 @@ class Trainer:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
         self._delta_step.assign(step)
+        self._delta_sequence.assign_add(1)
+        self._pending_evicted.assign(b"")
         return path
 
     def export(self) -> str:

@@ -1,0 +1,300 @@
+"""The served model and how it follows its model dir.
+
+`ModelFollower` holds the `Served` model (one loaded export, plus the deltas
+applied to it) and a thread that polls the model dir:
+
+- a newer export version is loaded beside the served one and swapped in with one
+  reference assignment: a request that already holds the old one finishes on it;
+- the next delta of the chain is read, checked (file hashes, structure
+  fingerprint, shapes) and applied in place with the export's own `apply_delta`,
+  under the write side of a readers-writer lock, so no prediction sees half a delta;
+- the first delta applied to export k is the one with `since_step <= k < step`,
+  then each next `sequence`; a gap (or a chain that restarted, as after a
+  training resume) loads the newest export again and continues from it;
+- a bad delta, an unreadable export or a vanished model dir is logged once and
+  the last good state keeps serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class RWLock:
+    """Many readers or one writer; a waiting writer blocks new readers (no starvation)."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._waiting = 0
+
+    def acquire_read(self):
+        with self._cond:
+            while self._writer or self._waiting:
+                self._cond.wait()
+            self._readers += 1
+
+    def release_read(self):
+        with self._cond:
+            self._readers -= 1
+            if not self._readers:
+                self._cond.notify_all()
+
+    def acquire_write(self):
+        with self._cond:
+            self._waiting += 1
+            while self._writer or self._readers:
+                self._cond.wait()
+            self._waiting -= 1
+            self._writer = True
+
+    def release_write(self):
+        with self._cond:
+            self._writer = False
+            self._cond.notify_all()
+
+
+class DeltaError(Exception):
+    """A delta that cannot be applied (unreadable, corrupt, for another model)."""
+
+
+@dataclass
+class Served:
+    """One loaded export and the deltas applied to it since."""
+
+    version: int  # the export's version (its step)
+    path: str
+    module: object  # what tf.saved_model.load returned
+    signature: object  # its serving_default
+    fingerprint: str  # sha256 of its structure.json (canonical JSON)
+    step: int = 0  # the step it serves now (the last applied delta's)
+    sequence: int | None = None  # the last applied delta's sequence number
+    delta_written_at: float | None = None  # when the last applied delta was written
+    lock: RWLock = field(default_factory=RWLock)
+
+    def predict(self, feed: dict) -> dict:
+        """Runs serving_default on `feed` (name -> tensor) under the read lock (numpy out)."""
+        self.lock.acquire_read()
+        try:
+            out = self.signature(**feed)
+            return {k: v.numpy() for k, v in out.items()}
+        finally:
+            self.lock.release_read()
+
+
+def fingerprint_of(structure: dict) -> str:
+    """The structure fingerprint a delta manifest records (`lifecycle.structure_fingerprint`)."""
+    text = json.dumps(structure, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load_export(path: str) -> Served:
+    import tensorflow as tf
+
+    with open(os.path.join(path, "assets.extra", "structure.json"), encoding="utf-8") as f:
+        fingerprint = fingerprint_of(json.load(f))
+    module = tf.saved_model.load(path)
+    if not hasattr(module, "apply_delta"):
+        logger.warning("%s has no apply_delta (exported by an older recflow): deltas are not applied", path)
+    version = int(os.path.basename(path.rstrip("/")))
+    return Served(version, path, module, module.signatures["serving_default"], fingerprint,
+                  step=int(module.global_step.numpy()))
+
+
+def _numbered(folder: str) -> list[int]:
+    return sorted(int(d) for d in os.listdir(folder) if re.fullmatch(r"\d+", d))
+
+
+def read_delta(folder: str, served: Served) -> tuple[dict, dict]:
+    """(manifest, feed for apply_delta) of one delta dir, checked against `served`.
+
+    Raises:
+        DeltaError: a missing or corrupt file, another model's delta, wrong shapes.
+    """
+    import tensorflow as tf
+
+    try:
+        with open(os.path.join(folder, "manifest.json"), "rb") as f:
+            manifest = json.loads(f.read())
+        if manifest.get("structure_sha256") != served.fingerprint:
+            raise DeltaError("written for another model (structure fingerprint differs)")
+        spec = served.module.apply_delta.structured_input_signature[0][0]
+        feed = {"step": tf.constant(int(manifest["step"]), tf.int64)}
+        arrays = {}
+        for name, digest in manifest["files"].items():
+            with open(os.path.join(folder, name), "rb") as f:
+                data = f.read()
+            if hashlib.sha256(data).hexdigest() != digest:
+                raise DeltaError(f"{name}: contents do not match the manifest's hash")
+            if name.endswith(".npy"):
+                arrays[name] = np.load(io.BytesIO(data))
+                continue
+            with np.load(io.BytesIO(data)) as npz:
+                arrays[name] = {k: npz[k] for k in npz.files}
+        feed["dense"] = tf.constant(arrays["dense.npy"], tf.float32)
+        for key, tensor_spec in spec.items():
+            if key in ("step", "dense"):
+                continue
+            table, _, part = key.rpartition("/")
+            data = arrays.get(f"{table}.npz")
+            if data is None:
+                raise DeltaError(f"{table}.npz: missing")
+            value = data["keys" if part == "ids" else part]
+            if not tensor_spec.shape.is_compatible_with(value.shape):
+                raise DeltaError(f"{table}.npz: {part} has shape {value.shape}, expected {tensor_spec.shape}")
+            feed[key] = tf.constant(value, tensor_spec.dtype)
+        if int(feed["dense"].shape[0]) != int(manifest["dense"]["size"]):
+            raise DeltaError("dense.npz: wrong size")
+        return manifest, feed
+    except DeltaError:
+        raise
+    except (OSError, ValueError, KeyError, TypeError, EOFError) as exc:  # zip errors are ValueErrors
+        raise DeltaError(f"unreadable: {type(exc).__name__}: {exc}") from exc
+
+
+class ModelFollower:
+    """Serves the newest export of `model_dir` and applies its deltas as they appear.
+
+    Args:
+        model_dir: a recflow model dir (`export/<version>/`, `deltas/<step>/`).
+        poll_seconds: how often the model dir is scanned.
+    """
+
+    def __init__(self, model_dir: str, poll_seconds: float = 0.2):
+        self.model_dir = model_dir
+        self.poll_seconds = poll_seconds
+        self.served: Served | None = None
+        self.loads = 0
+        self.deltas_applied = 0
+        self.delta_failures = 0
+        self._bad: dict[str, float] = {}  # delta dir -> mtime of its manifest when it failed
+        self._manifests: dict[str, tuple[float, dict]] = {}
+        self._said: set[str] = set()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ scanning
+
+    def _once(self, message: str, *args) -> None:
+        text = message % args
+        if text not in self._said:
+            self._said.add(text)
+            logger.error(text)
+
+    def poll(self) -> None:
+        """One scan: load a newer export, then apply every delta that is ready."""
+        try:
+            exports = _numbered(os.path.join(self.model_dir, "export"))
+        except OSError as exc:
+            self._once("%s: cannot read its exports (%s); serving the last good state", self.model_dir, exc)
+            return
+        served = self.served
+        if exports and (served is None or exports[-1] > served.version):
+            self._load(exports[-1])
+        while self.served is not None and self._apply_next(exports):
+            pass
+
+    def _load(self, version: int) -> bool:
+        path = os.path.join(self.model_dir, "export", str(version))
+        try:
+            served = load_export(path)
+        except Exception as exc:  # noqa: BLE001 - any unreadable export keeps the old one
+            self._once("%s: cannot load (%s); serving the last good state", path, exc)
+            return False
+        self.served = served  # the swap: requests holding the old one finish on it
+        self.loads += 1
+        logger.info("serving %s (step %d)", path, served.step)
+        return True
+
+    def _manifest(self, folder: str) -> dict | None:
+        path = os.path.join(folder, "manifest.json")
+        try:
+            mtime = os.stat(path).st_mtime
+            cached = self._manifests.get(folder)
+            if cached and cached[0] == mtime:
+                return cached[1]
+            with open(path, encoding="utf-8") as f:
+                manifest = json.load(f)
+            int(manifest["step"]), int(manifest["since_step"]), int(manifest.get("sequence", -1))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        self._manifests[folder] = (mtime, manifest)
+        return manifest
+
+    def _apply_next(self, exports: list[int]) -> bool:
+        """Applies the next delta of the chain if it is there; True when one was applied."""
+        served = self.served
+        deltas_dir = os.path.join(self.model_dir, "deltas")
+        try:
+            steps = [s for s in _numbered(deltas_dir) if s > served.step]
+        except OSError:
+            return False  # no deltas (yet), or the model dir is gone: nothing to apply
+        if not steps or not hasattr(served.module, "apply_delta"):
+            return False
+        chain = []
+        for step in steps:
+            manifest = self._manifest(os.path.join(deltas_dir, str(step)))
+            if manifest is not None:
+                chain.append((step, manifest))
+        if served.sequence is None:
+            fits = [(s, m) for s, m in chain if m["since_step"] <= served.step]
+        else:
+            fits = [(s, m) for s, m in chain
+                    if m.get("sequence") == served.sequence + 1 and m["since_step"] == served.step]
+        if not fits:
+            if chain and (served.sequence is not None or (exports and exports[-1] > served.version)):
+                # A gap, or a chain that restarted: start again from the newest export.
+                logger.warning("%s: no delta follows step %d; loading the newest export",
+                               deltas_dir, served.step)
+                return self._load(exports[-1]) if exports else False
+            return False
+        step, manifest = fits[0]
+        folder = os.path.join(deltas_dir, str(step))
+        if folder in self._bad and self._bad[folder] == self._manifests[folder][0]:
+            return False
+        try:
+            manifest, feed = read_delta(folder, served)
+            served.lock.acquire_write()
+            try:
+                served.module.apply_delta(feed)
+            finally:
+                served.lock.release_write()
+        except Exception as exc:  # noqa: BLE001 - a bad delta never stops serving
+            self._bad[folder] = self._manifests[folder][0]
+            self.delta_failures += 1
+            logger.error("%s: not applied (%s); serving step %d", folder, exc, served.step)
+            return False
+        served.step = int(manifest["step"])
+        served.sequence = manifest.get("sequence")
+        served.delta_written_at = manifest.get("written_at")
+        self.deltas_applied += 1
+        return True
+
+    # ------------------------------------------------------------------ thread
+
+    def start(self) -> None:
+        def loop():
+            while not self._stop.is_set():
+                try:
+                    self.poll()
+                except Exception:  # noqa: BLE001 - the follower must outlive any surprise
+                    logger.exception("%s: scan failed", self.model_dir)
+                self._stop.wait(self.poll_seconds)
+
+        self._thread = threading.Thread(target=loop, name="recflow-follow", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
