@@ -72,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--poll-seconds", type=float, default=1.0, help="with --follow: idle poll interval")
     p.add_argument(
+        "--status-seconds", type=float, default=10.0,
+        help="streams (--follow, data.format kafka): print the rate and lag at most this often",
+    )
+    p.add_argument(
         "--warm-start", metavar="FROM_DIR",
         help="start a new model dir from FROM_DIR's rows and weights wherever they still fit "
         "(same table and dim, same dense shapes): how to add or remove a feature",
@@ -208,13 +212,14 @@ def _train(args, config) -> int:
     if args.warm_start and not os.path.isdir(args.warm_start):
         raise RecflowError(f"--warm-start {args.warm_start}: no such model dir")
     stream = config.data.format == "kafka"
+    status = None if args.quiet else args.status_seconds  # a stream's live line
     trainer = _trainer(config, 0 if (args.quiet or args.follow or stream) else 1, args.warm_start)
     if stream:
         if args.follow:
             raise RecflowError("--follow: data.format kafka is a stream already; leave --follow out")
         from recflow.training.kafka_stream import stream as kafka_stream
 
-        result = trainer.run(train=lambda: kafka_stream(trainer))
+        result = trainer.run(train=lambda: kafka_stream(trainer, status))
         if result.get("stopped"):  # the normal end of a stream: exit 0
             print(f"stopped at step {result['steps']} ({result['stopped']}); offsets {result['kafka_offsets']}")
     elif args.follow:
@@ -223,7 +228,7 @@ def _train(args, config) -> int:
         def report(file, examples, step):
             print(f"trained {file}: {examples} examples, step {step}", flush=True)
 
-        result = trainer.run(train=lambda: follow(trainer, args.poll_seconds, report))
+        result = trainer.run(train=lambda: follow(trainer, args.poll_seconds, report, status))
     else:
         result = trainer.run()
     if result.get("interrupted"):

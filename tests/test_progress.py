@@ -88,3 +88,61 @@ def test_counting_a_large_csv_for_the_bar_is_announced(tmp_path):
     trainer = SimpleNamespace(config=config, status=said.append)
     assert Trainer.steps_per_epoch(trainer, [str(path)]) == -(-rows // 1000)
     assert said == ["Counting the rows of " + str(path) + " (17 MiB) for the progress bar"]
+
+
+def test_a_stream_prints_its_rate_and_lag_at_most_every_interval():
+    import io
+
+    class Clock:
+        now = 100.0
+
+        def __call__(self):
+            return self.now
+
+    clock, out, lags = Clock(), io.StringIO(), iter(["3 files, 1.5 MB", None])
+    status = progress.StreamStatus(lambda: next(lags), every_seconds=10.0, out=out, clock=clock)
+    status.on_train_begin()
+    for step, (t, examples) in enumerate([(104.0, 500), (112.0, 1200), (118.0, 1800), (125.0, 2600)], 1):
+        clock.now = t
+        status.on_train_batch_end(step, {"examples": examples})
+    # lines at t=112 (1200 rows in 12 s) and t=125 (1400 rows in the 13 s since)
+    assert out.getvalue().splitlines() == [
+        "step 2  100 ex/s  lag 3 files, 1.5 MB",
+        "step 4  108 ex/s  lag ?",
+    ]
+
+
+def test_follow_lag_is_the_bytes_not_yet_trained(tmp_path):
+    from recflow.config import config_from_dict
+    from recflow.data.consumed import scan
+    from recflow.training import follow as follow_lib
+
+    config = config_from_dict(
+        {
+            "data": {"format": "csv", "train": str(tmp_path / "*.csv"), "label": "click"},
+            "features": [{"name": "user", "kind": "categorical", "dtype": "int64"}],
+        }
+    )
+    done, partly, new = tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "c.csv"
+    done.write_text("click,user\n1,1\n0,2\n")
+    partly.write_text("click,user\n1,3\n")
+    state = follow_lib.StreamState()
+    state.record(str(done), scan(str(done), "csv", True, None).complete)
+    state.record(str(partly), scan(str(partly), "csv", True, None).complete)
+    with open(partly, "a") as f:
+        f.write("0,4\n1,55\n")  # 9 bytes appended
+    new.write_text("click,user\n1,6\n")  # 15 bytes, none trained
+    watcher = follow_lib.Watcher(config, state)
+    assert watcher.lag() == (2, 9 + 15)
+    assert follow_lib._behind(2, 24) == "2 files, 0.0 MB"
+
+
+def test_kafka_lag_is_high_watermark_minus_trained_offset():
+    from recflow.data.kafka import KafkaSource
+
+    source = KafkaSource.__new__(KafkaSource)  # no broker: only the bookkeeping
+    source.high = {}
+    assert source.lag({("t", 0): 5}) is None
+    source.high = {("t", 0): 120, ("t", 1): 40}
+    assert source.lag({("t", 0): 100}) == 20 + 40  # partition 1 not trained at all
+    assert source.lag({("t", 0): 120, ("t", 1): 40}) == 0

@@ -144,6 +144,7 @@ class KafkaSource:
         self._done = threading.Event()  # the thread ended: nothing more is queued
         self._ready = threading.Condition()
         self._produced = 0  # batches queued by the thread
+        self.high: Offsets = {}  # each partition's high watermark, as last fetched (`lag`)
         self._commit: Offsets | None = None
         self._json = JsonLines(config) if self.options.format == "json" else None
         self._slots = {t: i * MAX_PARTITIONS for i, t in enumerate(self.options.names)}
@@ -294,7 +295,7 @@ class KafkaSource:
         keys: list = []
         positions: Offsets = {}
         idle_since = time.monotonic()
-        checked = time.monotonic()
+        checked = high_checked = time.monotonic()
         down_since: float | None = None
         backoff = 0.25
         while not self._stop.is_set():
@@ -326,6 +327,9 @@ class KafkaSource:
                 self._fetched[tp] = positions[tp] = offset + 1
             if messages:
                 idle_since = now
+            if now - high_checked >= 1.0:
+                high_checked = now
+                self._watermarks()
             caught_up = set(self._assigned) <= self._eof
             if len(values) >= self.batch_size or (
                 values and caught_up and now - idle_since >= opts.poll_timeout_ms / 1000
@@ -354,6 +358,30 @@ class KafkaSource:
                 self._stop.wait(backoff)
                 backoff = min(2 * backoff, 4.0)
                 self._reassign()
+
+    def _watermarks(self) -> None:
+        """Refreshes `high` from the client's cache (updated by each fetch; no request)."""
+        from confluent_kafka import TopicPartition
+
+        high = dict(self.high)
+        for topic, partition in self._assigned:
+            try:
+                _, offset = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), cached=True
+                )
+            except Exception:  # noqa: BLE001 - not known yet; the next refresh tries again
+                continue
+            if offset >= 0:
+                high[(topic, partition)] = offset
+        self.high = high
+
+    def lag(self, trained: Offsets) -> int | None:
+        """Messages fetched-known but not trained: the sum over partitions of the high
+        watermark minus the trained position; None before any watermark is known."""
+        high = self.high
+        if not high:
+            return None
+        return sum(max(0, offset - trained.get(tp, 0)) for tp, offset in high.items())
 
     def _reassign(self) -> None:
         """Seeks every partition back to the position after the last queued message

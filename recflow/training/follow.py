@@ -28,6 +28,7 @@ import tensorflow as tf
 from recflow.data import sources
 from recflow.data.consumed import Consumed, scan
 from recflow.errors import DataError
+from recflow.training.progress import StreamStatus
 from recflow.training.trainer import Trainer, saved_value
 
 logger = logging.getLogger(__name__)
@@ -169,6 +170,26 @@ class Watcher:
             self._idle[path] = (stat.st_size, stat.st_mtime_ns)
         return None
 
+    def lag(self) -> tuple[int, int]:
+        """(files, bytes) of `data.train` not trained yet: each listed file's bytes past
+        what was consumed of it (a file being trained counts until it is done)."""
+        try:
+            listed = sources.expand(self.config.data.train, "data.train")
+        except DataError:
+            return 0, 0
+        files, behind = self.state.files(), [0, 0]
+        for path in listed:
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                continue
+            consumed = files.get(path)
+            done = size if (path in files and consumed is None) else (consumed.size if consumed else 0)
+            if size > done:
+                behind[0] += 1
+                behind[1] += size - done
+        return behind[0], behind[1]
+
     def check_resumed(self, segment: Segment, previous: Consumed | None) -> bool:
         """Whether the file of a restored segment still holds what it did when the
         segment began; warns when not. `previous`: what was consumed of it before."""
@@ -185,6 +206,7 @@ def follow(
     trainer: Trainer,
     poll_seconds: float = 1.0,
     on_file: Callable[[str, int, int], None] | None = None,
+    status_every: float | None = None,
 ) -> dict:
     """Trains on each new file of `data.train`, and on the records appended to the
     files, until `trainer.request_stop()`.
@@ -193,6 +215,8 @@ def follow(
         trainer: a Trainer on the run's model dir.
         poll_seconds: how often to look for new records when idle.
         on_file: called with (file, examples, global step) after each segment.
+        status_every: print a live line (rate, files and bytes behind) at most this often
+            while training.
 
     Returns:
         A summary: steps, examples, files consumed.
@@ -210,6 +234,10 @@ def follow(
     trainer.open_checkpoint(iterator, stream=state)  # restores model, tables, stream state (and position)
     if segment is None:
         state.current.assign("")
+    if status_every is not None:
+        status = StreamStatus(lambda: _behind(*watcher.lag()), status_every)
+        status.set_model(trainer.model)
+        trainer.callbacks.callbacks.append(status)
     began, examples, start_step = time.perf_counter(), 0, int(trainer.model.global_step)
     trainer.callbacks.on_train_begin()
     while not trainer.stop_requested:
@@ -233,6 +261,10 @@ def follow(
     summary = trainer.finish(examples, time.perf_counter() - began, start_step)
     summary["files_consumed"] = list(state.files())
     return summary
+
+
+def _behind(files: int, size: int) -> str:
+    return f"{files} file{'s' if files != 1 else ''}, {size / 1e6:,.1f} MB"
 
 
 def _iterator(trainer: Trainer, segment: Segment):

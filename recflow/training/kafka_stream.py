@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from recflow.data import kafka
 from recflow.training.callbacks import TrainerCallback
+from recflow.training.progress import StreamStatus
 from recflow.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -101,8 +102,10 @@ class CommitOffsets(TrainerCallback):
             self.source.commit(self.state.read())
 
 
-def stream(trainer: Trainer) -> dict:
+def stream(trainer: Trainer, status_every: float | None = None) -> dict:
     """Trains on `data.kafka` until `train.steps`, a stop request, or a broker outage.
+
+    `status_every`: print a live line (rate, messages behind) at most this often.
 
     Returns:
         A summary: steps, examples, `stopped` (the signal name) when a signal ended it,
@@ -125,6 +128,14 @@ def stream(trainer: Trainer) -> dict:
     commit = CommitOffsets(trainer, source, state)
     commit.set_model(trainer.model)
     trainer.callbacks.callbacks.append(commit)
+    if status_every is not None:
+        def lag():
+            behind = source.lag(state.read())
+            return None if behind is None else f"{behind:,} messages"
+
+        status = StreamStatus(lag, status_every)
+        status.set_model(trainer.model)
+        trainer.callbacks.callbacks.append(status)
     try:
         ds = trainer._transformed(kafka.dataset(config, source))
         iterator = StreamIterator(iter(ds), source, state, trainer)
