@@ -128,8 +128,16 @@ def train(
     overrides=None,
     verbose: int = 0,
     warm_start: str | None = None,
+    follow: bool = False,
+    poll_seconds: float = 1.0,
+    on_file=None,
+    status_every: float | None = None,
 ) -> dict:
     """Trains (resuming from the model dir's latest checkpoint), evaluates and exports.
+
+    The one train path: `recflow train` calls it too. A file run trains its
+    epochs or steps; `follow` (files as they appear) and `data.format: kafka`
+    are streams that train until `train.steps` or a signal.
 
     Args:
         config_or_path: a config file path or a `recflow.Config`.
@@ -145,14 +153,38 @@ def train(
         warm_start: a model dir to start a new one from: its rows and dense weights
             wherever they still fit (same table and dim, same variable shapes); see
             `recflow.training.warm_start`. Ignored once the model dir has a checkpoint.
+        follow: treat `data.train` as a stream of files (see `recflow.training.follow`);
+            the files are checked as they come, not before.
+        poll_seconds: with `follow`, how often to look for new records when idle.
+        on_file: with `follow`, called with (file, examples, global step) after each file.
+        status_every: streams: print a live line (rate, lag) at most this often.
 
     Returns:
         The metrics written to `MODEL_DIR/metrics.json` (or `already_done: True`
-        when the model dir's run is complete).
+        when the model dir's run is complete; `interrupted` when a signal cut a
+        file run short; `stopped`, the signal's name, when one ended a Kafka stream).
+
+    Raises:
+        RecflowError: `follow` with `data.format: kafka` (already a stream).
     """
-    config = _checked(config_or_path, model_dir, overrides)
+    config = _checked(config_or_path, model_dir, overrides, reads_data=not follow)
+    run = None
+    if config.data.format == "kafka":
+        if follow:
+            raise RecflowError("--follow: data.format kafka is a stream already; leave --follow out")
+        from recflow.training.kafka_stream import stream
+
+        def run():
+            return stream(trainer, status_every)
+    elif follow:
+        from recflow.training.follow import follow as follow_files
+
+        def run():
+            return follow_files(trainer, poll_seconds, on_file, status_every)
+
     with writer(config, "train"):
-        return make_trainer(config, verbose, callbacks, warm_start).run()
+        trainer = make_trainer(config, verbose, callbacks, warm_start)
+        return trainer.run(train=run)
 
 
 def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> dict:

@@ -163,19 +163,6 @@ def _load(args, check_data: bool = True):
     return config
 
 
-def _trainer(config, verbose=0, warm_start=None):
-    from recflow.api import make_trainer
-
-    return make_trainer(config, verbose=verbose, warm_start=warm_start)
-
-
-def _writer(config, command: str):
-    """The model dir's writer lock (a context); a no-op on PS and worker tasks."""
-    from recflow.api import writer
-
-    return writer(config, command)
-
-
 def _number(value) -> str:
     """A metric for the summary line; an undefined one (None, NaN) prints as n/a."""
     if value is None or value != value:
@@ -200,56 +187,51 @@ def _format_metrics(result: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    # A stream may start before its first file: with --follow, files are checked as they come.
-    config = _load(args, check_data=not args.follow)
-    with _writer(config, "train"):
-        return _train(args, config)
-
-
-def _train(args, config) -> int:
     import signal
 
+    from recflow import api
+
+    # A stream may start before its first file: with --follow, files are checked as they come.
+    config = _load(args, check_data=not args.follow)
     if args.warm_start and not os.path.isdir(args.warm_start):
         raise RecflowError(f"--warm-start {args.warm_start}: no such model dir")
-    stream = config.data.format == "kafka"
-    status = None if args.quiet else args.status_seconds  # a stream's live line
-    trainer = _trainer(config, 0 if (args.quiet or args.follow or stream) else 1, args.warm_start)
-    if stream:
-        if args.follow:
-            raise RecflowError("--follow: data.format kafka is a stream already; leave --follow out")
-        from recflow.training.kafka_stream import stream as kafka_stream
+    stream = args.follow or config.data.format == "kafka"
+    verbose = 0 if (args.quiet or stream) else 1
 
-        result = trainer.run(train=lambda: kafka_stream(trainer, status))
-        if result.get("stopped"):  # the normal end of a stream: exit 0
-            print(f"stopped at step {result['steps']} ({result['stopped']}); offsets {result['kafka_offsets']}")
-    elif args.follow:
-        from recflow.training.follow import follow
+    def report(file, examples, step):
+        print(f"trained {file}: {examples} examples, step {step}", flush=True)
 
-        def report(file, examples, step):
-            print(f"trained {file}: {examples} examples, step {step}", flush=True)
-
-        result = trainer.run(train=lambda: follow(trainer, args.poll_seconds, report, status))
-    else:
-        result = trainer.run()
+    result = api.train(
+        config,
+        verbose=verbose,
+        warm_start=args.warm_start,
+        follow=args.follow,
+        poll_seconds=args.poll_seconds,
+        on_file=report,
+        status_every=None if args.quiet else args.status_seconds,
+    )
+    model_dir = config.train.model_dir
+    if result.get("stopped"):  # the normal end of a Kafka stream: exit 0
+        print(f"stopped at step {result['steps']} ({result['stopped']}); offsets {result['kafka_offsets']}")
     if result.get("interrupted"):
         print(
             f"stopped at step {result['steps']} (interrupted by {result['interrupted']}); "
-            f"checkpoint in {trainer.checkpoint_dir}: rerun the same command to resume"
+            f"checkpoint in {os.path.join(model_dir, 'checkpoints')}: rerun the same command to resume"
         )
         return 128 + signal.Signals[result["interrupted"]].value
     if result.get("already_done"):
         goal = f"train.steps={config.train.steps}" if config.train.steps else f"train.epochs={config.train.total_epochs}"
         print(
-            f"{trainer.model_dir} is already at step {result['steps']} ({goal}): nothing to train, "
+            f"{model_dir} is already at step {result['steps']} ({goal}): nothing to train, "
             "no new export (`recflow export` writes one; raise train.steps/epochs to train on)"
         )
         return 0
-    if "warm_start" in result and not trainer.verbose:
+    if "warm_start" in result and not verbose:
         from recflow.training.warm_start import describe
 
         print(describe(result["warm_start"]))
     print(_format_metrics(result))
-    print(f"model dir: {trainer.model_dir}   export: {result['export']}")
+    print(f"model dir: {model_dir}   export: {result['export']}")
     return 0
 
 
