@@ -177,6 +177,8 @@ def train(
         def run():
             return stream(trainer, status_every)
     elif follow:
+        if config.distribute.strategy != "local":
+            raise RecflowError("--follow: a stream of files trains with distribute.strategy local only")
         from recflow.training.follow import follow as follow_files
 
         def run():

@@ -35,7 +35,7 @@ PHASES = {
     "Trainer construction (model build)": [("recflow/training/trainer.py", "__init__")],
     "train (fit, all epochs)": [("recflow/training/trainer.py", "fit")],
     "  train pipeline build": [("recflow/training/trainer.py", "epoch_dataset")],
-    "  train-step loop (incl. its trace)": [("recflow/training/trainer.py", "run_steps")],
+    "  train-step loop (incl. its trace)": [("recflow/training/trainer.py", "train_on")],
     "  train_step trace (Python)": [("recflow/models/base.py", "train_step")],
     "  final checkpoint": [("recflow/training/trainer.py", "finish")],
     "evaluation": [("recflow/training/trainer.py", "evaluate")],

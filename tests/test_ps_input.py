@@ -193,8 +193,6 @@ def test_synthetic_splits_hold_enough_batches_to_pay_for_their_start(rows, batch
 def test_a_wave_gives_every_worker_a_chunk_and_stops_at_the_next_hook():
     """Synthetic waves: the steps to the next hook, shared out over at least one split per
     worker (a wave with one chunk would leave the other workers idle)."""
-    from types import SimpleNamespace
-
     from recflow.config import load_config
     from recflow.distribute import splits as splits_lib
     from recflow.training.runner import PSRunner
@@ -203,7 +201,7 @@ def test_a_wave_gives_every_worker_a_chunk_and_stops_at_the_next_hook():
         "data.synthetic={rows: 32000, eval_rows: 10, seed: 1, schema: demo}", "data.batch_size=64",
     ])
     runner = PSRunner.__new__(PSRunner)  # only the planning state, no cluster
-    runner.trainer, runner.splits_lib, runner.workers = SimpleNamespace(config=config), splits_lib, 2
+    runner.config, runner.splits_lib, runner.workers = config, splits_lib, 2
     runner.splits = splits_lib.make_splits(config, 2)  # 500 batches: 2 splits of 250
 
     def plan(order, positions, step, boundary):

@@ -40,4 +40,7 @@ class PSTrainer(Trainer):
 
     def make_runner(self) -> PSRunner:
         with self.strategy.scope():
-            return PSRunner(self)
+            return PSRunner(
+                self.config, self.model, self.strategy, self.coordinator,
+                len(self.role.cluster["worker"]), self._transformed,
+            )

@@ -29,6 +29,7 @@ from recflow.data import sources
 from recflow.data.consumed import Consumed, scan
 from recflow.errors import DataError
 from recflow.training.progress import StreamStatus
+from recflow.training.runner import LocalRunner
 from recflow.training.trainer import Trainer, saved_value
 
 logger = logging.getLogger(__name__)
@@ -238,6 +239,7 @@ def follow(
         status = StreamStatus(lambda: _behind(*watcher.lag()), status_every)
         status.set_model(trainer.model)
         trainer.callbacks.callbacks.append(status)
+    steps = LocalRunner(trainer.config, trainer.model, trainer.epoch_dataset)  # the stream's step runner
     began, examples, start_step = time.perf_counter(), 0, int(trainer.model.global_step)
     trainer.callbacks.on_train_begin()
     while not trainer.stop_requested:
@@ -249,7 +251,7 @@ def follow(
             iterator = _iterator(trainer, segment)
             trainer.open_checkpoint(iterator, restore=False, stream=state)
             state.begin(segment)
-        trained = trainer.run_steps(iterator, files=[segment.path])
+        trained = trainer.train_on(steps.reports(iterator), files=[segment.path])
         examples += trained
         if trainer.stop_requested:
             break  # the segment stays in progress; its input position goes into the checkpoint

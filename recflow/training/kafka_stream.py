@@ -23,6 +23,7 @@ import tensorflow as tf
 from recflow.data import kafka
 from recflow.training.callbacks import TrainerCallback
 from recflow.training.progress import StreamStatus
+from recflow.training.runner import LocalRunner
 from recflow.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
@@ -141,7 +142,8 @@ def stream(trainer: Trainer, status_every: float | None = None) -> dict:
         iterator = StreamIterator(iter(ds), source, state, trainer)
         began = time.perf_counter()
         trainer.callbacks.on_train_begin()
-        examples = trainer.run_steps(iterator, target=target)
+        steps = LocalRunner(config, trainer.model, trainer.epoch_dataset)
+        examples = trainer.train_on(steps.reports(iterator, target), target=target)
         elapsed = time.perf_counter() - began
         if config.export.delta_every_steps or config.export.delta_every_seconds:
             if int(trainer.model.global_step) > start_step:

@@ -1,107 +1,122 @@
-"""Step runners: how the training loop runs steps, in this process or on PS workers.
+"""Step runners: how steps run, in this process or on PS workers, reported to the loop.
 
-`Trainer.fit` is one loop over a runner and the callbacks (see
-`recflow.training.callbacks`). A runner owns the input of an epoch and how
-its steps run:
+A runner owns the input of an epoch and how its steps run, and yields a
+`StepReport` after each step (or wave of steps); `Trainer.train_on` is the one
+loop that consumes them: counters, the bad-row check, stopping at a non-finite
+loss, the progress bar and the callbacks live there only. A runner never calls
+back into the trainer.
 
 - `LocalRunner`: one `tf.data` iterator per epoch, saved in the checkpoint (the
-  input position), one step at a time in this process.
+  input position), one step at a time in this process; streams (`--follow`,
+  Kafka) feed it their own iterators.
 - `PSRunner`: the epoch's input splits (`recflow.distribute.splits`), handed out
   to the workers as `ClusterCoordinator` closures of whole chunks of batches; the
   split state is saved in the checkpoint.
-
-Both call `callbacks.on_train_batch_end(global_step, logs)` after each step or
-wave of chunks, so one schedule (eviction, delta, export, checkpoint) serves both.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 
 from recflow.data import pipeline
 from recflow.data.pipeline import NONFINITE, TRUNCATED
-from recflow.errors import DataError
 from recflow.quiet import native_stderr_silenced
 from recflow.training.chunk import train_chunk
-from recflow.training.progress import Progress, pass_position
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What a runner did since its previous report: one local step (or a batch whose
+    every row was bad, `step == previous_step`), or one wave of PS chunks.
+
+    Attributes:
+        step: the global step after.
+        previous_step: the global step before.
+        rows: rows trained.
+        bad: bad rows skipped.
+        nonfinite: numeric values read as missing (inf, overflow, "nan").
+        truncated: multi_hot rows cut to `max_values`.
+        applied: rows whose updates reached the tables (PS: retried chunks again).
+        loss: the last step's loss; None when no step ran.
+        where: who computed a non-finite loss (`step 12`, a split), for the message.
+        hint: what to check when the loss is not finite.
+    """
+
+    step: int
+    previous_step: int
+    rows: int = 0
+    bad: int = 0
+    nonfinite: int = 0
+    truncated: int = 0
+    applied: int = 0
+    loss: float | None = None
+    where: str = ""
+    hint: str = ""
 
 
 class LocalRunner:
     """Runs steps in this process, from a checkpointed `tf.data` iterator.
 
     Args:
-        trainer: the trainer (config, model, callbacks, counters).
+        config: the run config.
+        model: the model trained (its `train_step` is traced once, on the first step).
+        make_input: `epoch -> tf.data.Dataset` of transformed training batches.
+        files: the files the input reads (named when too many rows are bad).
     """
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(self, config, model, make_input: Callable, files: list[str] | None = None):
+        self.config, self.model, self.make_input, self.files = config, model, make_input, files
         self.iterator = None
-        self.files = trainer.train_files()
-        # Steps of a pass, for the progress bar only: not counted when there is none.
-        self.per_epoch = trainer.steps_per_epoch(self.files) if trainer.verbose else None
         self._step_fn = None
         self._first_step = True
 
-    def open(self, epoch: tf.Variable) -> None:
-        """Builds the iterator of `epoch` and restores the latest checkpoint (with its position)."""
-        self.iterator = iter(self.trainer.epoch_dataset(int(epoch)))
-        self.trainer.open_checkpoint(self.iterator, epoch=epoch)
-
-    def next_epoch(self, epoch: tf.Variable, last: bool = False) -> None:
-        """A fresh iterator for the (already advanced) `epoch`, in every later checkpoint.
+    def start_epoch(self, epoch: int, last: bool = False) -> dict:
+        """Builds the input of `epoch`; returns what the checkpoint saves of it (the iterator).
 
         After the `last` pass no iterator is built (its pipeline would start reading
         while the run evaluates and exports): a checkpoint without an input position
-        starts its epoch at the beginning, as `open` builds it.
+        starts its epoch at the beginning.
         """
-        self.iterator = None if last else iter(self.trainer.epoch_dataset(int(epoch)))
-        self.trainer.open_checkpoint(self.iterator, restore=False, epoch=epoch)
+        self.iterator = None if last else iter(self.make_input(epoch))
+        return {"iterator": self.iterator}
 
-    def run_epoch(self, epoch: int, target: int | None) -> int:
-        """Trains the rest of the epoch (or to `target` steps); returns the examples trained."""
-        done = pass_position(int(self.trainer.model.global_step), epoch, self.per_epoch)
-        return self.run_steps(
-            self.iterator, target=target, files=self.files, per_epoch=self.per_epoch, done=done
-        )
+    def epoch_reports(self, epoch: int, target: int | None) -> Iterator[StepReport]:
+        """The steps of the rest of the epoch (or to `target` steps)."""
+        return self.reports(self.iterator, target)
 
-    def epoch_steps(self, steps: int) -> None:
-        """Records the steps of a whole pass (for the next passes' progress bar)."""
-        if self.per_epoch is None:
-            self.per_epoch = steps
-
-    def run_steps(self, iterator, target=None, files=None, per_epoch=None, done=0) -> int:
-        """See `Trainer.run_steps`; `done`: the steps of the pass done before (a resume)."""
-        trainer = self.trainer
-        config, model = trainer.config, trainer.model
+    def reports(self, iterator, target: int | None = None) -> Iterator[StepReport]:
+        """One step per batch of `iterator` until it ends or the global step reaches `target`."""
+        config, model = self.config, self.model
         if self._step_fn is None:
             # The engine and tower are plain tensor code: tracing without AutoGraph is
             # several times faster (the tower itself is still converted, see RankingModel).
             self._step_fn = tf.function(
                 model.train_step, input_signature=[iterator.element_spec], autograph=False
             )
-        step = start = int(model.global_step)
-        progbar = Progress(target or per_epoch, start if target else done, trainer.verbose)
-        examples = bad = 0
-        sample = 10 * config.data.batch_size  # rows read before the bad fraction is judged
-        while (target is None or step < target) and not trainer.stop_requested:
+        step = int(model.global_step)
+        while target is None or step < target:
             try:
                 batch = next(iterator)
             except StopIteration:
-                break
+                return
             features, labels, batch_bad = batch
             size = int(tf.shape(labels[config.labels[0]])[0])
-            bad += int(batch_bad)
-            trainer.nonfinite_values += int(features[NONFINITE])
-            trainer.truncated_rows += int(features[TRUNCATED])
-            if examples + bad >= sample:
-                trainer.check_bad_rows(examples, bad, files)
+            counts = {
+                "bad": int(batch_bad),
+                "nonfinite": int(features[NONFINITE]),
+                "truncated": int(features[TRUNCATED]),
+            }
             if size == 0:  # every row of the batch was bad: no step
-                model.bad_records.assign_add(int(batch_bad))
+                model.bad_records.assign_add(counts["bad"])
+                yield StepReport(step, step, **counts)
                 continue
             if self._first_step and config.train.xla:
                 with native_stderr_silenced():  # absl's XLA start-up lines
@@ -110,20 +125,11 @@ class LocalRunner:
                 loss = float(self._step_fn(batch)["loss"])
             self._first_step = False
             step += 1
-            examples += size
-            if not np.isfinite(loss):
-                raise DataError(f"step {step}: the loss is {loss}; {_out_of_range(config, batch)}")
-            progbar.update(step if target else done + step - start, [("loss", loss)])
-            trainer.examples_trained += size
-            trainer.examples_applied += size
-            trainer.callbacks.on_train_batch_end(
-                step,
-                {"loss": loss, "previous_step": step - 1, "examples": trainer.examples_trained},
+            hint = "" if np.isfinite(loss) else _out_of_range(config, batch)
+            yield StepReport(
+                step, step - 1, rows=size, applied=size, loss=loss, where=f"step {step}", hint=hint,
+                **counts,
             )
-        trainer.rows_read += examples + bad
-        trainer.bad_rows += bad
-        trainer.check_bad_rows(examples, bad, files)
-        return examples
 
 
 def _fill(total: int, capacities: list[int]) -> list[int]:
@@ -160,46 +166,53 @@ class PSRunner:
     the target, and hooks run at the first wave end at or after their step.
 
     Args:
-        trainer: a `PSTrainer` (strategy, coordinator, role).
+        config: the run config.
+        model: the model, built in `strategy`'s scope.
+        strategy: the `ParameterServerStrategy`.
+        coordinator: its `ClusterCoordinator`.
+        workers: the number of worker tasks.
+        transformed: `dataset -> dataset` applying the feature transforms (on a worker).
     """
 
-    def __init__(self, trainer):
+    def __init__(self, config, model, strategy, coordinator, workers: int, transformed: Callable):
         from recflow.distribute import splits as splits_lib
 
-        self.trainer = trainer
+        self.config, self.model, self.coordinator = config, model, coordinator
+        self.transformed = transformed
         self.splits_lib = splits_lib
-        self.workers = len(trainer.role.cluster["worker"])
-        self.splits = splits_lib.make_splits(trainer.config, self.workers)
+        self.workers = workers
+        self.splits = splits_lib.make_splits(config, self.workers)
+        self.files = [s.file for s in self.splits if s.file] or None
         self.state = splits_lib.SplitState(len(self.splits))
         self.synthetic = None
-        if trainer.config.data.format == "synthetic":
-            self.synthetic = splits_lib.SyntheticChunks(trainer.config)
-        with trainer.strategy.scope():
+        if config.data.format == "synthetic":
+            self.synthetic = splits_lib.SyntheticChunks(config)
+        with strategy.scope():
             # Rows whose updates reached the parameter servers, retried chunks included.
             self.applied = tf.Variable(0, dtype=tf.int64, trainable=False, name="examples_applied")
-        model = trainer.model
+        self._reported = 0  # `applied` at the previous report
         # Traced once and called by every chunk function (one per file and epoch): a new
         # file costs a trace of its input pipeline, not of the train step.
         self._step = tf.function(
             lambda batch, ahead: model.train_on_rows(batch, ahead, in_loop=True),
             autograph=False,
         )
-        if trainer.config.train.prefetch_embeddings:
+        if config.train.prefetch_embeddings:
             # A slot per chunk of a wave: at most one per split, or per worker for files.
             slots = len(self.splits) if self.synthetic is not None else self.workers
-            with trainer.strategy.scope():
+            with strategy.scope():
                 model.embedding.make_staging(slots)
         self._functions: dict = {}
+        self._opened = False
 
-    def open(self, epoch: tf.Variable) -> None:
-        """Restores the latest checkpoint, split state included."""
-        self.trainer.open_checkpoint(epoch=epoch, splits=self.state)
-
-    def next_epoch(self, epoch: tf.Variable, last: bool = False) -> None:
+    def start_epoch(self, epoch: int, last: bool = False) -> dict | None:
+        """The split state, for the checkpoint, at the first epoch; later epochs start
+        every split again (the checkpoint already holds the state)."""
+        if not self._opened:
+            self._opened = True
+            return {"splits": self.state}
         self.state.reset()
-
-    def epoch_steps(self, steps: int) -> None:
-        pass  # the progress bar has no total under PS
+        return None
 
     # ------------------------------------------------------------------ closures
 
@@ -214,8 +227,8 @@ class PSRunner:
         return self._functions[key]
 
     def _make_chunk_fn(self, split, epoch: int):
-        trainer, splits_lib = self.trainer, self.splits_lib
-        config, model, train_step, applied = trainer.config, trainer.model, self._step, self.applied
+        splits_lib = self.splits_lib
+        config, model, train_step, applied = self.config, self.model, self._step, self.applied
         prefetch = config.train.prefetch_embeddings
 
         def dataset(start, stop, seed, first, count):
@@ -223,7 +236,7 @@ class PSRunner:
                 ds = self.synthetic.dataset(start, stop, seed, first, count)
             else:
                 ds = splits_lib.file_chunk_dataset(config, split.file, epoch, first, count)
-            return pipeline.without_rewrites(trainer._transformed(ds))
+            return pipeline.without_rewrites(self.transformed(ds))
 
         def chunk(start, stop, seed, first, count, slot):
             iterator = iter(dataset(start, stop, seed, first, count))
@@ -233,10 +246,10 @@ class PSRunner:
 
     def _schedule(self, split, epoch: int, first: int, count: int, slot: int):
         """Schedules a chunk; `slot`: its staging slot, distinct within the wave."""
-        seed = self.trainer.config.data.seed + epoch * 1_000_003 + split.index
+        seed = self.config.data.seed + epoch * 1_000_003 + split.index
         values = (split.start, split.stop, seed, first, count, slot)
         args = [tf.constant(v, tf.int64) for v in values]
-        return self.trainer.coordinator.schedule(self._chunk_fn(split, epoch), args=tuple(args))
+        return self.coordinator.schedule(self._chunk_fn(split, epoch), args=tuple(args))
 
     # ------------------------------------------------------------------ epoch
 
@@ -246,7 +259,7 @@ class PSRunner:
         The loss log is not a boundary: it is written at the first wave end at or after
         its step, so chunks stay long (each costs its pipeline's start on the worker).
         """
-        config = self.trainer.config
+        config = self.config
         every = [
             config.train.checkpoint_every_steps,
             config.export.every_steps,
@@ -261,7 +274,7 @@ class PSRunner:
         """The batches of a split when known without reading it (synthetic row ranges)."""
         if not split.seekable:
             return None
-        return -(-(split.stop - split.start) // self.trainer.config.data.batch_size)
+        return -(-(split.stop - split.start) // self.config.data.batch_size)
 
     def _plan(self, order, positions, step, boundary, target) -> list:
         """The chunks `(split, batches)` of the next wave.
@@ -293,61 +306,48 @@ class PSRunner:
         )
         return [(split, count) for split, count in zip(wave, counts) if count > 0]
 
-    def run_epoch(self, epoch: int, target: int | None) -> int:
-        """Trains the unfinished splits of `epoch` (or to `target` steps); returns the
-        examples trained (each row once, whatever was retried)."""
-        trainer, splits_lib = self.trainer, self.splits_lib
-        model = trainer.model
+    def epoch_reports(self, epoch: int, target: int | None) -> Iterator[StepReport]:
+        """Trains the unfinished splits of `epoch` (or to `target` steps), one report per
+        wave (each row counted once, whatever was retried); the split state is written
+        before each report, so a checkpoint taken then holds it."""
+        splits_lib, model = self.splits_lib, self.model
         positions = self.state.read()
         order = [
             i
-            for i in splits_lib.epoch_order(trainer.config, self.splits, epoch)
+            for i in splits_lib.epoch_order(self.config, self.splits, epoch)
             if positions[i] != splits_lib.FINISHED
         ]
         step = int(model.global_step)
-        progbar = Progress(target, step, trainer.verbose)
-        examples = bad_rows = 0
-        while order and (target is None or step < target) and not trainer.stop_requested:
+        while order and (target is None or step < target):
             boundary = self._boundary(step, target)
             plan = self._plan(order, positions, step, boundary, target)
             scheduled = [
                 (split, count, self._schedule(split, epoch, positions[split.index], count, slot))
                 for slot, (split, count) in enumerate(plan)
             ]
-            trainer.coordinator.join()
-            loss = None
+            self.coordinator.join()
+            totals = dict.fromkeys(("rows", "bad", "nonfinite", "truncated"), 0)
+            loss, where = None, ""
             for split, count, remote in scheduled:
                 read, steps, rows, bad, nonfinite, truncated, chunk_loss, finite = remote.fetch()
-                if not finite:
-                    raise DataError(
-                        f"{split}: the loss is {float(chunk_loss)}; check the numeric inputs "
-                        "(normalizers) or lower the learning rates"
-                    )
                 positions[split.index] += int(read)
                 if read < count or positions[split.index] == self._batches(split):  # ran out
                     positions[split.index] = splits_lib.FINISHED
                     order.remove(split.index)
-                examples, bad_rows = examples + int(rows), bad_rows + int(bad)
-                trainer.rows_read += int(rows) + int(bad)
-                trainer.bad_rows += int(bad)
-                trainer.nonfinite_values += int(nonfinite)
-                trainer.truncated_rows += int(truncated)
-                trainer.examples_trained += int(rows)
-                if steps:
+                for key, value in zip(totals, (rows, bad, nonfinite, truncated)):
+                    totals[key] += int(value)
+                if not finite:
+                    loss, where = float(chunk_loss), str(split)
+                elif steps and (loss is None or np.isfinite(loss)):
                     loss = float(chunk_loss)
             self.state.write(positions)
-            trainer.check_bad_rows(
-                examples, bad_rows, [s.file for s in self.splits if s.file] or None
-            )
             previous, step = step, int(model.global_step)
-            trainer.examples_applied = int(self.applied)
-            if step > previous:
-                progbar.update(step, [("loss", loss if loss is not None else float("nan"))])
-                trainer.callbacks.on_train_batch_end(
-                    step,
-                    {"loss": loss, "previous_step": previous, "examples": trainer.examples_trained},
-                )
-        return examples
+            applied, self._reported = int(self.applied) - self._reported, int(self.applied)
+            yield StepReport(
+                step, previous, applied=applied, loss=loss, where=where,
+                hint="check the numeric inputs (normalizers) or lower the learning rates",
+                **totals,
+            )
 
 
 def _out_of_range(config, batch) -> str:

@@ -6,11 +6,13 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import shutil
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Callable
 
 import tensorflow as tf
@@ -39,7 +41,8 @@ from recflow.training.callbacks import (
     write_evaluation,
 )
 from recflow.training.evaluator import Evaluator
-from recflow.training.runner import LocalRunner
+from recflow.training.progress import Progress, pass_position
+from recflow.training.runner import LocalRunner, StepReport
 from recflow.training.timing import Timing
 
 logger = logging.getLogger(__name__)
@@ -391,8 +394,8 @@ class Trainer:
     # ------------------------------------------------------------------ train
 
     def make_runner(self):
-        """The step runner of this trainer (a `LocalRunner`; `PSTrainer` runs on workers)."""
-        return LocalRunner(self)
+        """The step runner of `fit`: a `LocalRunner` (`PSTrainer` runs steps on workers)."""
+        return LocalRunner(self.config, self.model, self.epoch_dataset, self.train_files())
 
     def fit(self) -> dict:
         """Trains to `train.steps` / `train.epochs` (totals), resuming from the latest checkpoint.
@@ -419,7 +422,10 @@ class Trainer:
         if saved is not None and steps is None and int(epoch) >= epochs:
             return self.already_done(int(epoch))
         runner = self.runner = self.make_runner()
-        runner.open(epoch)
+        self.open_checkpoint(epoch=epoch, **runner.start_epoch(int(epoch)))
+        # Steps of a pass, for the progress bar only (none under PS, or without a bar).
+        local = isinstance(runner, LocalRunner)
+        per_epoch = self.steps_per_epoch(runner.files) if (self.verbose and local) else None
         if self.warm_start and self._saved_step < 0:  # a new model dir: nothing restored
             self.warm_start_report = warm_start_lib.warm_start(self.model, self.warm_start)
             if self.verbose:
@@ -435,11 +441,15 @@ class Trainer:
             self.callbacks.on_epoch_begin(int(epoch))
             read_before, pass_start = self.rows_read, int(self.model.global_step)
             self.timing.pass_begins(int(epoch))
-            examples += runner.run_epoch(int(epoch), steps)
+            done = pass_position(pass_start, int(epoch), per_epoch)
+            examples += self.train_on(
+                runner.epoch_reports(int(epoch), steps),
+                target=steps, files=runner.files, per_epoch=per_epoch, done=done,
+            )
             if self.rows_read == read_before and not resumed:
                 raise DataError(f"data.train: a pass over {_name(self.train_files())} read no rows")
-            if not resumed:  # now known, for the next passes' progress bar
-                runner.epoch_steps(int(self.model.global_step) - pass_start)
+            if not resumed and local and per_epoch is None:  # now known, for the next passes' bar
+                per_epoch = int(self.model.global_step) - pass_start
             resumed = False
             if steps is not None and self.model.global_step >= steps:
                 self.interrupted = None  # a signal during the last step: the run is complete
@@ -451,7 +461,9 @@ class Trainer:
             last = epochs is not None and int(epoch) >= epochs
             # Every later checkpoint records the new epoch at its start (the final one
             # included: a run given more epochs later starts that pass at its beginning).
-            runner.next_epoch(epoch, last)
+            items = runner.start_epoch(int(epoch), last)
+            if items is not None:
+                self.open_checkpoint(restore=False, epoch=epoch, **items)
             self._saved_step = -1  # the final checkpoint must record the new epoch
             self.callbacks.on_epoch_end(int(epoch) - 1, {"examples": self.examples_trained})
             if last:
@@ -513,26 +525,56 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    def run_steps(
+    def train_on(
         self,
-        iterator,
+        reports: Iterator[StepReport],
         target: int | None = None,
         files: list[str] | None = None,
         per_epoch: int | None = None,
+        done: int = 0,
     ) -> int:
-        """Trains on `iterator` in this process until it ends, `target` steps, or a stop request.
+        """The training loop: consumes a runner's step reports until they end or a stop
+        request (checked before each report is asked for, so no step runs after it).
 
-        Runs the callbacks after each step; returns the number of examples
-        trained. `files` are the files the iterator reads (named when too many
-        rows are bad); `per_epoch` the steps of a whole pass, for the progress bar.
+        Counts the rows, checks the bad-row fraction (once `10 * batch_size` rows were
+        read, and at the end), stops at a non-finite loss, draws the progress bar and
+        runs the callbacks after each report that advanced the global step. Returns
+        the rows trained. `target`: the run's total steps (the bar's total); `files`:
+        the files read (named when too many rows are bad); `per_epoch`, `done`: the
+        steps of a whole pass and those of it done before, for the bar of an epoch.
 
         Raises:
-            DataError: the bad rows of this pass exceed `data.max_bad_fraction`,
-                or the loss is not finite (nothing more is saved).
+            DataError: the bad rows of this pass exceed `data.max_bad_fraction`, or the
+                loss is not finite (nothing more is saved).
         """
-        if not isinstance(self.runner, LocalRunner):
-            self.runner = LocalRunner(self)
-        return self.runner.run_steps(iterator, target=target, files=files, per_epoch=per_epoch)
+        start = int(self.model.global_step)
+        progbar = Progress(target or per_epoch, start if target else done, self.verbose)
+        sample = 10 * self.config.data.batch_size  # rows read before the bad fraction is judged
+        examples = bad = 0
+        reports = iter(reports)
+        while not self.stop_requested:
+            report = next(reports, None)
+            if report is None:
+                break
+            if report.loss is not None and not math.isfinite(report.loss):
+                raise DataError(f"{report.where}: the loss is {report.loss}; {report.hint}")
+            examples, bad = examples + report.rows, bad + report.bad
+            self.rows_read += report.rows + report.bad
+            self.bad_rows += report.bad
+            self.nonfinite_values += report.nonfinite
+            self.truncated_rows += report.truncated
+            self.examples_trained += report.rows
+            self.examples_applied += report.applied
+            if examples + bad >= sample:
+                self.check_bad_rows(examples, bad, files)
+            if report.step > report.previous_step:
+                loss = report.loss if report.loss is not None else float("nan")
+                progbar.update(report.step if target else done + report.step - start, [("loss", loss)])
+                logs = {"loss": report.loss, "previous_step": report.previous_step,
+                        "examples": self.examples_trained}  # fmt: skip
+                self.callbacks.on_train_batch_end(report.step, logs)
+        self.check_bad_rows(examples, bad, files)
+        return examples
 
     def check_bad_rows(self, examples: int, bad: int, files: list[str] | None) -> None:
         """Raises DataError when the bad rows exceed `data.max_bad_fraction` of the rows read."""
