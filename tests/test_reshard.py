@@ -27,6 +27,7 @@ from recflow.cli import main
 from recflow.embedding.placement import ModPlacement
 from recflow.embedding.report import restore_engine
 from recflow.embedding.reshard import saved_shards
+from recflow.embedding.table import segment_buckets, segment_layout
 from recflow.features.keys import decode
 from recflow.training.trainer import Trainer
 
@@ -116,6 +117,11 @@ def test_a_restore_on_another_shard_count_moves_every_row(trained, tmp_path, cap
     engine = trainer.model.embedding
     _check_placement(engine, shards)
     _assert_same(expected, _tables(engine))
+    for physical in engine.physical_tables:  # each shard sized once for its keys: none grew
+        for i in range(shards):
+            held = int(physical.rows.export_shard(i)[0].shape[0])
+            sizes, _ = segment_layout(segment_buckets(held, physical.step_keys))
+            assert physical.rows.num_buckets(i) == sum(sizes)
     # What `recflow tables` and an export read: the same keys with the same rows.
     for i in range(len(engine.physical_tables)):
         (k0, e0), (k1, e1) = ([t.numpy() for t in e.serving_rows(i)] for e in (original, engine))

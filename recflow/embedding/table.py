@@ -213,8 +213,7 @@ class ShardedTable(tf.Module):
         `headroom` is room kept for one step's new keys.
         """
         self.reset_shard(i, int(tf.shape(keys)[0]), headroom)
-        with tf.device(self.placement.device(i)):
-            self.insert_shard(i, keys, values)
+        self.insert_shard(i, keys, values)
 
     def reset_shard(self, i: int, keys: int, headroom: int = 0) -> None:
         """Empties shard `i`, its segments sized for `keys` keys and `headroom` more (eager)."""
