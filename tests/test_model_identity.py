@@ -149,22 +149,27 @@ def test_exports_honour_the_umask(trained):
     assert stat.S_IMODE(os.stat(model_dir / "metrics.json").st_mode) == 0o644
 
 
-def test_a_checkpoint_of_another_shard_count_is_refused(tmp_path, capsys):
-    """A model dir written with 2 parameter-server shards is not read by one process
-    (its rows would be looked up on the wrong shard)."""
+def test_a_checkpoint_of_another_shard_count_resumes_and_records_the_new_count(tmp_path, capsys):
+    """A model dir written with 2 parameter-server shards resumes in one process: the shard
+    count is recorded, not compared (the rows are resharded: tests/test_reshard.py), while
+    a real change beside it is still refused."""
     from recflow.embedding.placement import ModPlacement
     from recflow.training.trainer import Trainer
 
     model_dir = tmp_path / "two_shards"
     config = recflow.api.load(CONFIG, model_dir=str(model_dir), overrides={**SMALL, "train.steps": 2})
-    trainer = Trainer(config, verbose=0, placement=ModPlacement(2))
-    trainer.fit()
+    Trainer(config, verbose=0, placement=ModPlacement(2)).fit()
     before = _snapshot(model_dir)
-    code = main(["train", CONFIG, "--model-dir", str(model_dir), *_sets(SMALL)])
+    code = main(["train", CONFIG, "--model-dir", str(model_dir),
+                 *_sets({**SMALL, "train.steps": 4, "tables.user.dim": 16})])
     err = capsys.readouterr().err
     assert code == 2
-    assert "parameter_servers: 2 in" in err and "1 in this config" in err, err
+    assert "tables.user.dim: 8 in" in err and "parameter_servers" not in err, err
     assert _snapshot(model_dir) == before
+
+    assert main(["train", CONFIG, "--model-dir", str(model_dir), *_sets({**SMALL, "train.steps": 4})]) == 0
+    saved = json.loads((model_dir / "export" / "4" / "assets.extra" / "structure.json").read_text())
+    assert saved["parameter_servers"] == 1
 
 
 def test_a_model_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkeypatch):

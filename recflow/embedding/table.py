@@ -212,14 +212,16 @@ class ShardedTable(tf.Module):
         inserted once. `keys` must be distinct and belong to shard `i`;
         `headroom` is room kept for one step's new keys.
         """
-        sizes, routes = segment_layout(
-            segment_buckets(int(tf.shape(keys)[0]), headroom, self.segments), self.segments
-        )
+        self.reset_shard(i, int(tf.shape(keys)[0]), headroom)
+        self.insert_shard(i, keys, values)
+
+    def reset_shard(self, i: int, keys: int, headroom: int = 0) -> None:
+        """Empties shard `i`, its segments sized for `keys` keys and `headroom` more (eager)."""
+        sizes, routes = segment_layout(segment_buckets(keys, headroom, self.segments), self.segments)
         with tf.device(self.placement.device(i)):
             for table, size in zip(self.shards[i], sizes):
                 empty_buckets(table, size, self.width, self.value_dtype)
             self.routes[i].assign(routes)
-            self.insert_shard(i, keys, values)
 
     def num_buckets(self, i: int) -> int:
         """Buckets of shard `i`, all segments (eager; reads the bucket arrays)."""

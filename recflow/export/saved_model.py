@@ -273,10 +273,10 @@ class Exporter:
         current = identity.structure(model)
         if os.path.isdir(final):
             saved = _saved_structure(final)
-            if saved != current:
+            if saved is None or identity.changes(saved, current):
                 raise RecflowError(
                     f"{final}: an export of step {step} exists for another model structure "
-                    f"({'none recorded' if saved is None else identity.differences(saved, current)[0][0] + ' differs'}); "
+                    f"({'none recorded' if saved is None else identity.changes(saved, current)[0][0] + ' differs'}); "
                     "versions are never rewritten: move it away, or train on to a later step"
                 )
             logger.info("%s exists (same step, same structure): kept", final)

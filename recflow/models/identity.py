@@ -11,8 +11,9 @@ meaning of the variables:
 - `tables`: dim and sparse optimizer type (the row layout) of each logical table;
 - `fusion`: which logical tables share each physical table, in slot order;
 - `model`: class and params; `task`: type and heads; the dense optimizer type;
-- `parameter_servers`: the number of shards every table is split into (a
-  checkpoint resumed on another count would look rows up on the wrong shard).
+- `parameter_servers`: the number of shards every table is split into, recorded
+  but not compared: a checkpoint resumed on another count has its rows moved to
+  their new shards as it is restored (`recflow.embedding.reshard`).
 
 Features and tables are keyed by name, so the order of config lines changes
 nothing (the config loader also sorts features by name, which makes the slot
@@ -70,6 +71,10 @@ def structure(model) -> dict:
     }
 
 
+# Recorded, but free to change on resume: the restore adapts to them.
+_ELASTIC = frozenset({"parameter_servers"})
+
+
 def dumps(value: dict) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
@@ -94,6 +99,11 @@ def differences(saved: dict, current: dict, prefix: str = "") -> list[tuple[str,
     return out
 
 
+def changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
+    """`differences` that change what the variables mean (not `parameter_servers`)."""
+    return [c for c in differences(saved, current) if c[0] not in _ELASTIC]
+
+
 def _shown(value) -> str:
     if value is None:
         return "absent"
@@ -106,21 +116,15 @@ def check(saved: dict | None, current: dict, where: str) -> None:
     The line lists every difference, e.g. `tables.user.dim: 8 in runs/a, 16 in
     this config`, and says how to go on.
     """
-    if saved is None or saved == current:
+    found = [] if saved is None else changes(saved, current)
+    if not found:
         return
-    changes = differences(saved, current)
     shown = "; ".join(
-        f"{path}: {_shown(a)} in {where}, {_shown(b)} in this config" for path, a, b in changes[:8]
+        f"{path}: {_shown(a)} in {where}, {_shown(b)} in this config" for path, a, b in found[:8]
     )
-    more = f" (and {len(changes) - 8} more)" if len(changes) > 8 else ""
-    ps = any(path == "parameter_servers" for path, _, _ in changes)
-    hint = (
-        "resume with the same number of parameter servers (resharding a checkpoint is not "
-        "supported yet), or start a new model dir with `--warm-start`"
-        if ps and len(changes) == 1
-        else "restore the config it was trained with, or train a new model dir from it with "
-        "`recflow train CONFIG --model-dir NEW --warm-start OLD`"
-    )
+    more = f" (and {len(found) - 8} more)" if len(found) > 8 else ""
     raise RecflowError(
-        f"{where}: the config changes what the trained model's variables mean: {shown}{more}; {hint}"
+        f"{where}: the config changes what the trained model's variables mean: {shown}{more}; "
+        "restore the config it was trained with, or train a new model dir from it with "
+        "`recflow train CONFIG --model-dir NEW --warm-start OLD`"
     )

@@ -23,7 +23,7 @@ from recflow.atomic import write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config, DenseOptimizerConfig
 from recflow.data.pipeline import NONFINITE, TRUNCATED, reused
-from recflow.embedding import lifecycle
+from recflow.embedding import lifecycle, reshard
 from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
 from recflow.errors import DataError, RecflowError
@@ -264,6 +264,7 @@ class Trainer:
             self.check_identity(latest)
             self.status(f"Restoring {latest}")
             self._checkpoint.restore(latest).expect_partial()
+            self._reshard(latest)
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
         model_dir_lib.set_aside_stale_deltas(
@@ -271,6 +272,18 @@ class Trainer:
         )
         if self._record_config:  # only once the model dir's checkpoint is known to fit
             dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
+
+    def _reshard(self, checkpoint: str) -> None:
+        """Moves the restored checkpoint's rows to their shards when it was written with
+        another number of shards (parameter servers): see `recflow.embedding.reshard`."""
+        engine = self.model.embedding
+        saved = reshard.saved_shards(checkpoint)
+        if saved and saved != engine.placement.num_shards:
+            self.status(
+                f"Resharding the tables of {os.path.basename(checkpoint)}: "
+                f"{saved} -> {engine.placement.num_shards} shards"
+            )
+            reshard.reshard(engine, checkpoint)
 
     def check_identity(self, checkpoint: str) -> None:
         """Refuses (one line, nothing written) a checkpoint whose variables mean something
