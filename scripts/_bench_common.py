@@ -191,7 +191,7 @@ def run_deepctr(
     from deepctr.feature_column import DenseFeat, SparseFeat
     from deepctr.models import DeepFM
 
-    from recflow.training.metrics import auc
+    from recflow.metrics import auc
 
     gc.collect()
     keras.utils.set_random_seed(seed)
@@ -430,7 +430,7 @@ def run_deepctr_config(
     import tf_keras as keras
     from deepctr.models import DeepFM
 
-    from recflow.training.metrics import auc
+    from recflow.metrics import auc
 
     gc.collect()
     keras.utils.set_random_seed(seed)

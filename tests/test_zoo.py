@@ -16,7 +16,7 @@ from recflow.config import config_from_dict, load_config
 from recflow.data import generate
 from recflow.errors import ConfigError
 from recflow.models import build_model, registered_models
-from recflow.training import metrics
+from recflow import metrics
 from recflow.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,9 @@ from typing import Any, Literal, Union
 from recflow.errors import ConfigError
 
 # A dataclass may declare `__discriminator__ = ("kind", {"categorical": Cls, ...})`
-# on a base type to pick the concrete class from one key.
+# on a base type to pick the concrete class from one key, and `__extra__ = "kwargs"`
+# to collect the keys it does not declare into its `dict` field `kwargs` (keyword
+# arguments of a class that the schema does not know, e.g. a Keras optimizer's).
 
 
 def _describe(value: Any) -> str:
@@ -217,11 +219,15 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
             )
         cls = family[kind]
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    extra = cls.__dict__.get("__extra__")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != extra}
     kwargs = {}
     for key, item in value.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
+            if extra is not None and isinstance(key, str):
+                kwargs.setdefault(extra, {})[key] = item
+                continue
             raise ConfigError(path, _unknown_key(key, fields, family, disc, kind))
         kwargs[key] = convert(item, hints[key], where)
     for name, field in fields.items():
@@ -243,7 +249,15 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
 def to_dict(obj: Any) -> Any:
     """The inverse of `from_dict`: plain YAML-able values."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        extra = type(obj).__dict__.get("__extra__")
+        out = {
+            f.name: to_dict(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if f.init and f.name != extra
+        }
+        if extra is not None:
+            out.update(to_dict(getattr(obj, extra)))
+        return out
     if isinstance(obj, (tuple, list)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

@@ -7,6 +7,7 @@ in `recflow.config.loader`.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -34,6 +35,22 @@ def _non_negative(obj: Any, name: str) -> None:
     value = getattr(obj, name)
     if value < 0:
         raise ConfigError(name, f"expected a non-negative number, got {value!r}")
+
+
+def register_choice(base: type, name: str, cls: type) -> None:
+    """Adds `name` -> dataclass `cls` to the `kind`/`type` choices of a discriminated
+    section (`Feature`, `OptimizerSpec`): how a registered extension's config is read.
+
+    Raises:
+        ValueError: `name` already selects another class, or `cls` is not a dataclass
+            with the discriminating field.
+    """
+    key, family = base.__discriminator__
+    if not dataclasses.is_dataclass(cls) or key not in {f.name for f in dataclasses.fields(cls)}:
+        raise ValueError(f"{cls!r} must be a dataclass with a `{key}` field")
+    if family.get(name, cls) is not cls:
+        raise ValueError(f"{key} {name!r} already selects {family[name]!r}")
+    family[name] = cls
 
 
 # ----------------------------------------------------------------------------- data
@@ -587,7 +604,7 @@ class FtrlConfig:
             raise ConfigError("learning_rate_power", "expected a number <= 0")
 
 
-OptimizerConfig = SGDConfig | AdagradConfig | AdamConfig | FtrlConfig
+OptimizerConfig = SGDConfig | AdagradConfig | AdamConfig | FtrlConfig  # the built-in ones
 
 
 @dataclass(frozen=True)
@@ -697,39 +714,35 @@ class TaskSpec:
     Attributes:
         name: the head's name: its output name in the export and the prefix of its metrics (`NAME/auc`).
         label: its label column.
-        type: the head's loss: sigmoid cross-entropy or mean squared error.
+        type: the head: `binary` (sigmoid cross-entropy), `regression` (mean squared error), another registered head, or `"package.module:ClassName"`.
         weight: its weight in the summed loss.
     """
 
     name: str
     label: str
-    type: Literal["binary", "regression"] = "binary"
+    type: str = "binary"
     weight: float = 1.0
 
     def validate(self) -> None:
         _non_negative(self, "weight")
 
 
-_METRICS = {
-    "binary": ("auc", "logloss", "gauc", "accuracy"),
-    "regression": ("mse", "mae", "rmse"),
-}
-
-
 @dataclass(frozen=True)
 class TaskConfig:
-    """The task. `retrieval`: every row with label > 0 is a positive (query, candidate)
-    pair; the loss is a softmax over the batch's candidates (in-batch negatives).
+    """The task: the head(s) that turn the tower's logits into a loss, predictions,
+    metrics and export outputs (`recflow.models.heads`). `retrieval`: every row with
+    label > 0 is a positive (query, candidate) pair; the loss is a softmax over the
+    batch's candidates (in-batch negatives).
 
     Attributes:
-        type: the task; `multitask` lists its heads in `tasks`.
-        metrics: metrics to compute (binary: `auc`, `logloss`, `gauc`, `accuracy`; regression: `mse`, `mae`, `rmse`; retrieval: `recall@K`); default auc and logloss, mse, or recall@10.
+        type: the head: `binary`, `regression`, `retrieval`, another registered head, or `"package.module:ClassName"`; `multitask` lists its heads in `tasks`.
+        metrics: metrics to compute (binary: `auc`, `logloss`, `gauc`, `accuracy`; regression: `mse`, `mae`, `rmse`; retrieval: `recall@K`; a head of your own: its own); default: the head's defaults (auc and logloss, mse, recall@10). Checked against the heads when the model is built.
         group_by: the feature that groups examples for `gauc` (AUC per group, weighted by group size).
         tasks: the heads of a `multitask` model.
     """
 
-    type: Literal["binary", "regression", "multitask", "retrieval"] = "binary"
-    metrics: tuple[str, ...] | None = None  # defaults by type
+    type: str = "binary"
+    metrics: tuple[str, ...] | None = None  # defaults by head
     group_by: str | None = None  # the feature that groups examples for gauc
     tasks: tuple[TaskSpec, ...] = ()  # multitask heads
 
@@ -738,29 +751,8 @@ class TaskConfig:
             raise ConfigError("tasks", "required for type 'multitask'")
         if self.type != "multitask" and self.tasks:
             raise ConfigError("tasks", "only allowed for type 'multitask'")
-        if self.type == "retrieval":
-            for i, metric in enumerate(self.metrics or ()):
-                prefix, _, k = str(metric).partition("@")
-                if prefix != "recall" or not (k.isascii() and k.isdigit()) or k.startswith("0"):
-                    raise ConfigError(
-                        f"metrics[{i}]",
-                        f"expected 'recall@K' with K a positive integer, got {metric!r}",
-                    )
-            return
-        kinds = {t.type for t in self.tasks} if self.tasks else {self.type}
-        allowed = sorted({m for k in kinds for m in _METRICS[k]})
-        for i, metric in enumerate(self.metrics or ()):
-            if metric not in allowed:
-                raise ConfigError(f"metrics[{i}]", f"expected one of {allowed}, got {metric!r}")
         if "gauc" in (self.metrics or ()) and not self.group_by:
             raise ConfigError("group_by", "required when metrics include 'gauc'")
-
-    def metric_names(self, kind: str) -> tuple[str, ...]:
-        """The metrics computed for a head of type `kind`."""
-        if kind == "retrieval":
-            return tuple(self.metrics or ("recall@10",))
-        default = ("auc", "logloss") if kind == "binary" else ("mse",)
-        return tuple(m for m in (self.metrics or default) if m in _METRICS[kind])
 
 
 # ----------------------------------------------------------------------------- train, export
@@ -768,15 +760,23 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class DenseOptimizerConfig:
-    """The optimizer of the dense weights (tower, first-order bias), from Keras.
+    """The optimizer of the dense weights (tower, first-order bias): any Keras optimizer.
+
+    The mapping's other keys are the optimizer's keyword arguments, e.g.
+    `{type: adamw, learning_rate: 0.001, weight_decay: 0.01}`; names the optimizer
+    does not take are errors (checked when the model is built).
 
     Attributes:
-        type: the Keras optimizer.
+        type: a `tf_keras.optimizers` class by name, any case (`adam`, `adamw`, `sgd`, `rmsprop`, `adagrad`, `adadelta`, `adamax`, `nadam`, `ftrl`, `lion`, `adafactor`), or `"package.module:ClassName"` of a `tf_keras` optimizer.
         learning_rate: step size.
+        kwargs: not a key itself: every other key of the mapping, passed to the optimizer (e.g. `weight_decay`, `momentum`, `clipnorm`).
     """
 
-    type: Literal["adam", "adagrad", "sgd", "ftrl"] = "adam"
+    type: str = "adam"
     learning_rate: float = 0.001
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    __extra__: ClassVar[str] = "kwargs"
 
     def validate(self) -> None:
         _positive(self, "learning_rate")

@@ -562,7 +562,8 @@ class EmbeddingEngine(tf.Module):
         export serves."""
         table = self.physical_tables[index]
         keys, rows = table.rows.export()
-        return raw_keys(keys), rows[:, : table.spec.dim]
+        emb, slots, _, _ = table.layout.split(rows)
+        return raw_keys(keys), table.optimizer.serving_rows(emb, slots)
 
     def logical_rows(self) -> dict[str, LogicalRows]:
         """Every row, per logical table, with raw ids (numpy)."""
@@ -602,11 +603,13 @@ class EmbeddingEngine(tf.Module):
         return n
 
     def updated_rows(self, since_step: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per logical table: (raw ids, embeddings) of rows updated after `since_step`."""
+        """Per logical table: (raw ids, served embeddings) of rows updated after `since_step`."""
+        optimizers = {t.name: p.optimizer for p in self.physical_tables for t in p.spec.logical}
         out = {}
         for name, rows in self.logical_rows().items():
             fresh = rows.last_step > since_step
-            out[name] = (rows.ids[fresh], rows.emb[fresh])
+            served = optimizers[name].serving_rows(rows.emb[fresh], rows.slots[fresh])
+            out[name] = (rows.ids[fresh], np.asarray(served, np.float32))
         return out
 
     def table_stats(self) -> dict[str, dict]:
