@@ -54,10 +54,10 @@ def optimizer_class(type_name: str) -> type:
     return cls
 
 
-def _arguments(cls: type) -> list[str]:
+def _arguments(cls: type) -> dict[str, object]:
     """The named keyword arguments of `cls.__init__` (and of its bases' while it passes
-    `**kwargs` on)."""
-    names: list[str] = []
+    `**kwargs` on), with their defaults."""
+    names: dict[str, object] = {}
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
         if init is None:
@@ -65,11 +65,21 @@ def _arguments(cls: type) -> list[str]:
         params = list(inspect.signature(init).parameters.values())
         for p in params:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
-                if p.name not in names:
-                    names.append(p.name)
+                names.setdefault(p.name, p.default)
         if not any(p.kind is p.VAR_KEYWORD for p in params) or klass is keras.optimizers.Optimizer:
             break
     return names
+
+
+def _check_value(path: str, value, default) -> None:
+    """A value of the kind of the argument's default: Keras itself checks few types, and a
+    string where a number belongs would fail only inside the first training step."""
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(path, f"expected true or false, got {value!r}")
+    elif isinstance(default, (int, float)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(path, f"expected a number, got {value!r}")
 
 
 def make_dense_optimizer(config: DenseOptimizerConfig) -> keras.optimizers.Optimizer:
@@ -80,17 +90,18 @@ def make_dense_optimizer(config: DenseOptimizerConfig) -> keras.optimizers.Optim
             recflow refuses), or a value it rejects; each names its path.
     """
     cls = optimizer_class(config.type)
-    allowed = [a for a in _arguments(cls) if a not in _REFUSED]
-    for key in config.kwargs:
+    arguments = _arguments(cls)
+    allowed = sorted(a for a in arguments if a not in _REFUSED and a != "learning_rate")
+    for key, value in config.kwargs.items():
         if key in _REFUSED:
             raise ConfigError(
                 f"{PATH}.{key}", "not supported: recflow's training loop does not swap in moving averages"
             )
-        if key not in allowed or key == "learning_rate":
+        if key not in allowed:
             raise ConfigError(
-                f"{PATH}.{key}",
-                f"not an argument of {cls.__name__} (allowed: {', '.join(sorted(allowed))})",
+                f"{PATH}.{key}", f"not an argument of {cls.__name__} (allowed: {', '.join(allowed)})"
             )
+        _check_value(f"{PATH}.{key}", value, arguments[key])
     try:
         return cls(learning_rate=config.learning_rate, **config.kwargs)
     except (TypeError, ValueError) as e:
