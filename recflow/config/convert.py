@@ -24,6 +24,27 @@ from recflow.errors import ConfigError
 # arguments of a class that the schema does not know, e.g. a Keras optimizer's).
 
 
+_REGISTERED: dict[type, dict[str, type]] = {}  # base -> choices added by extensions
+
+
+def register_choice(base: type, name: str, cls: type) -> None:
+    """Adds `name` -> dataclass `cls` to the `kind`/`type` choices of a discriminated
+    section (`Feature`, `OptimizerSpec`): how a registered extension's config is read.
+    The schema's own choices (and so the configuration reference) stay as they are.
+
+    Raises:
+        ValueError: `name` already selects another class, or `cls` is not a dataclass
+            with the discriminating field.
+    """
+    key, family = base.__discriminator__
+    if not dataclasses.is_dataclass(cls) or key not in {f.name for f in dataclasses.fields(cls)}:
+        raise ValueError(f"{cls!r} must be a dataclass with a `{key}` field")
+    registered = _REGISTERED.setdefault(base, {})
+    if {**family, **registered}.get(name, cls) is not cls:
+        raise ValueError(f"{key} {name!r} already selects another class")
+    registered[name] = cls
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, str):
         return repr(value)
@@ -205,6 +226,7 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
     family = disc = kind = None
     if cls.__dict__.get("__discriminator__") is not None:
         disc, family = cls.__discriminator__
+        family = {**family, **_REGISTERED.get(cls, {})}
         kind = value.get(disc)
         if not isinstance(kind, str) or kind not in family:  # a list or mapping is unhashable
             where = f"{path}.{disc}" if path else disc

@@ -12,13 +12,12 @@ import yaml
 
 from recflow.atomic import write_text
 from recflow.config import limits, model_module
-from recflow.config.convert import from_dict, to_dict
+from recflow.config.convert import from_dict, register_choice, to_dict
 from recflow.config.schema import (
     Config,
     OptimizerSpec,
     SequenceFeature,
     check_kafka,
-    register_choice,
 )
 from recflow.errors import ConfigError, RecflowError
 

@@ -7,7 +7,6 @@ in `recflow.config.loader`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
@@ -35,22 +34,6 @@ def _non_negative(obj: Any, name: str) -> None:
     value = getattr(obj, name)
     if value < 0:
         raise ConfigError(name, f"expected a non-negative number, got {value!r}")
-
-
-def register_choice(base: type, name: str, cls: type) -> None:
-    """Adds `name` -> dataclass `cls` to the `kind`/`type` choices of a discriminated
-    section (`Feature`, `OptimizerSpec`): how a registered extension's config is read.
-
-    Raises:
-        ValueError: `name` already selects another class, or `cls` is not a dataclass
-            with the discriminating field.
-    """
-    key, family = base.__discriminator__
-    if not dataclasses.is_dataclass(cls) or key not in {f.name for f in dataclasses.fields(cls)}:
-        raise ValueError(f"{cls!r} must be a dataclass with a `{key}` field")
-    if family.get(name, cls) is not cls:
-        raise ValueError(f"{key} {name!r} already selects {family[name]!r}")
-    family[name] = cls
 
 
 # ----------------------------------------------------------------------------- data

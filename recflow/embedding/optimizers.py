@@ -18,12 +18,14 @@ from typing import ClassVar
 
 import tensorflow as tf
 
-from recflow.config import model_module, schema
+from recflow.config import model_module
+from recflow.config.convert import register_choice
 from recflow.config.schema import (
     AdagradConfig,
     AdamConfig,
     FtrlConfig,
     OptimizerConfig,
+    OptimizerSpec,
     SGDConfig,
 )
 
@@ -41,7 +43,7 @@ def register_sparse_optimizer(name: str):
             raise TypeError(f"{cls!r} is not a SparseOptimizer subclass")
         if name in _OPTIMIZERS and _OPTIMIZERS[name] is not cls:
             raise ValueError(f"a sparse optimizer named {name!r} is already registered")
-        schema.register_choice(schema.OptimizerSpec, name, cls.config_class)
+        register_choice(OptimizerSpec, name, cls.config_class)
         _OPTIMIZERS[name] = cls
         return cls
 
