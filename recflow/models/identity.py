@@ -65,9 +65,14 @@ def structure(model) -> dict:
             "type": task.type,
             "heads": {t.name: {"label": t.label, "type": t.type} for t in task.tasks},
         },
-        "dense_optimizer": config.train.optimizer.type,
+        "dense_optimizer": _dense_optimizer(config.train.optimizer.type),
         "parameter_servers": engine.placement.num_shards,
     }
+
+
+def _dense_optimizer(type_name: str) -> str:
+    """`train.optimizer.type` as the class it names: Keras names are read in any case."""
+    return type_name if ":" in type_name else type_name.lower()
 
 
 def dumps(value: dict) -> str:
