@@ -376,7 +376,7 @@ def deepctr_inputs(config, train: dict, evaluation: dict) -> tuple[list, dict, d
     import tensorflow as tf
     from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
 
-    from recflow.features.transform import normalize
+    from recflow.features.kinds import normalize
 
     def tokens(feature, column):
         if feature.kind == "categorical":

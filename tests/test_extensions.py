@@ -1,5 +1,5 @@
 """Extension points used from a module outside recflow (tests/extensions/my_extensions.py):
-a task head and a sparse optimizer named `my_extensions:ClassName` in the YAML, trained,
+a task head, a sparse optimizer and a feature kind named `my_extensions:ClassName` in the YAML, trained,
 evaluated and exported through the CLI; dense optimizers by Keras name with their kwargs;
 the docs show the extension code verbatim."""
 
@@ -19,6 +19,7 @@ from recflow.config import config_from_dict, load_config
 from recflow.config.convert import to_dict
 from recflow.errors import ConfigError
 from recflow.features.keys import encode
+from recflow.features.transform import sparse_ids as transform_one
 from recflow.features.transform import transform
 from recflow.models import RankingModel, build_model, register_model
 from recflow.models.base import RankingModel as Base
@@ -40,15 +41,19 @@ def extensions(monkeypatch):
 # ----------------------------------------------------------------------------- the CLI run
 
 
-def write_counts(path: Path, rows: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A CSV of (user, item, count) rows; counts drawn from Poisson(rate of the user)."""
+def write_counts(path: Path, rows: int, seed: int):
+    """A CSV of (user, item, price, count) rows; counts drawn from Poisson(rate of the
+    user and the price)."""
     rng = np.random.default_rng(seed)
     users = rng.integers(0, 20, rows)
     items = rng.integers(0, 30, rows)
-    counts = rng.poisson(0.3 + 0.1 * (users % 5))
-    lines = ["user,item,count"] + [f"{u},i{i},{c}" for u, i, c in zip(users, items, counts)]
+    prices = np.round(rng.uniform(0.0, 6.0, rows), 2)
+    counts = rng.poisson(0.3 + 0.1 * (users % 5) + 0.2 * (prices > 4.0))
+    lines = ["user,item,price,count"] + [
+        f"{u},i{i},{p},{c}" for u, i, p, c in zip(users, items, prices, counts)
+    ]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return users, items, counts
+    return users, items, prices, counts
 
 
 def extension_config(tmp_path: Path) -> str:
@@ -64,6 +69,7 @@ def extension_config(tmp_path: Path) -> str:
         "features": [
             {"name": "user", "kind": "categorical", "dtype": "int64"},
             {"name": "item", "kind": "categorical", "dtype": "string"},
+            {"name": "price", "kind": "my_extensions:Bucketized", "boundaries": [1.0, 2.0, 4.0]},
         ],
         "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [8]}}},
         "task": {"type": "my_extensions:PoissonHead", "metrics": ["poisson_nll", "mae"]},
@@ -87,11 +93,11 @@ def newest_export(model_dir: Path) -> Path:
     return max((model_dir / "export").iterdir(), key=lambda p: int(p.name))
 
 
-def test_head_and_sparse_optimizer_of_a_user_module_train_evaluate_and_export(
+def test_head_optimizer_and_feature_kind_of_a_user_module_train_evaluate_and_export(
     tmp_path, extensions, capsys
 ):
     write_counts(tmp_path / "train.csv", 400, seed=1)
-    users, items, counts = write_counts(tmp_path / "eval.csv", 120, seed=2)
+    users, items, prices, counts = write_counts(tmp_path / "eval.csv", 120, seed=2)
     config = extension_config(tmp_path)
     run = tmp_path / "run"
 
@@ -105,7 +111,11 @@ def test_head_and_sparse_optimizer_of_a_user_module_train_evaluate_and_export(
     # The export serves the head's activation under its output name; the evaluated
     # metrics are the head's own functions of those rates and the labels.
     serve = tf.saved_model.load(str(export)).signatures["serving_default"]
-    out = serve(user=tf.constant(users, tf.int64), item=tf.constant([f"i{i}" for i in items]))
+    out = serve(
+        user=tf.constant(users, tf.int64),
+        item=tf.constant([f"i{i}" for i in items]),
+        price=tf.constant(prices, tf.float32),
+    )
     assert list(out) == ["rate"]
     rates = out["rate"].numpy().reshape(-1).astype(np.float64)
     assert (rates > 0).all()
@@ -121,8 +131,20 @@ def test_head_and_sparse_optimizer_of_a_user_module_train_evaluate_and_export(
 
     # The model's identity records the head and the optimizers: a resume with another
     # sparse optimizer is refused before anything is trained.
+    # The feature kind: one bucket, one row; the export reads the raw float price.
+    same = serve(
+        user=tf.constant([3, 3, 3, 3], tf.int64),
+        item=tf.constant(["i1"] * 4),
+        price=tf.constant([1.0, 1.99, 4.5, 0.5], tf.float32),
+    )["rate"].numpy().reshape(-1)
+    assert same[0] == same[1] and same[0] != same[2] and same[0] != same[3]
+
     structure = json.loads((export / "assets.extra" / "structure.json").read_text())
     assert structure["task"]["type"] == "my_extensions:PoissonHead"
+    assert structure["features"]["price"] == {
+        "kind": "my_extensions:Bucketized", "dtype": "string", "table": "price",
+        "boundaries": [1.0, 2.0, 4.0],
+    }
     assert {t["optimizer"] for t in structure["tables"].values()} == {"my_extensions:MomentumSGD"}
     assert structure["dense_optimizer"] == "adamw"
     capsys.readouterr()
@@ -134,6 +156,8 @@ def test_head_and_sparse_optimizer_of_a_user_module_train_evaluate_and_export(
 def test_the_resolved_config_names_the_extensions_and_reloads(tmp_path, extensions):
     write_counts(tmp_path / "train.csv", 10, seed=1)
     config = load_config(extension_config(tmp_path))
+    price = config.feature("price")
+    assert isinstance(price, extensions.BucketizedFeature) and price.boundaries == (1.0, 2.0, 4.0)
     opt = config.train.sparse_optimizer
     assert isinstance(opt, extensions.MomentumConfig) and opt.momentum == 0.5
     raw = to_dict(config)
@@ -152,6 +176,23 @@ def test_an_extension_config_is_checked_with_its_path(tmp_path, extensions):
         load_config(path, ["train.sparse_optimizer.type=my_extensions:Nesterov"])
     with pytest.raises(ConfigError, match=r"task\.type: 'my_extensions:MomentumSGD' is not a Head subclass"):
         build_model(load_config(path, ["task.type=my_extensions:MomentumSGD"]))
+    with pytest.raises(ConfigError, match=r"features\[2\]\.boundaries: expected strictly increasing numbers"):
+        load_config(path, ["features.price.boundaries=[2.0, 1.0]"])
+    with pytest.raises(ConfigError, match=r"features\[2\]: unknown key 'max_len'"):
+        load_config(path, ["features.price.max_len=3"])
+
+
+def test_a_bucketized_price_has_the_keys_of_its_bucket_index(tmp_path, extensions):
+    """The kind's ids against those of an int64 categorical of the bucket index, by hand."""
+    write_counts(tmp_path / "train.csv", 10, seed=1)
+    config = load_config(extension_config(tmp_path))
+    by_bucket = config_from_dict(
+        {**to_dict(config), "features": [{"name": "user", "kind": "categorical", "dtype": "int64"}]}
+    ).feature("user")
+    prices = tf.constant([0.5, 1.0, 1.99, 2.0, 7.0, float("nan")], tf.float32)
+    buckets = tf.constant([0, 1, 1, 2, 3, -1], tf.int64)  # boundaries [1, 2, 4]
+    got = transform(config, {"user": buckets, "item": tf.constant(["a"] * 6), "price": prices})
+    np.testing.assert_array_equal(got["price"].numpy(), transform_one(by_bucket, buckets).numpy())
 
 
 # ----------------------------------------------------------------------------- by value
@@ -302,7 +343,7 @@ def test_the_docs_show_the_extension_code_verbatim():
     source = (EXTENSIONS / "my_extensions.py").read_text(encoding="utf-8")
     doc = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     blocks = re.findall(r"```python\n(.*?)```", doc, re.S)
-    for name in ("head", "optimizer"):
+    for name in ("head", "optimizer", "kind"):
         code = re.search(rf"# \[start:{name}\]\n(.*?)# \[end:{name}\]\n", source, re.S).group(1)
         assert code in blocks, f"docs/models.md does not show the {name} of {EXTENSIONS.name}/my_extensions.py"
 

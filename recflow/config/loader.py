@@ -15,6 +15,7 @@ from recflow.config import limits, model_module
 from recflow.config.convert import from_dict, register_choice, to_dict
 from recflow.config.schema import (
     Config,
+    Feature,
     OptimizerSpec,
     SequenceFeature,
     check_kafka,
@@ -316,6 +317,7 @@ def _items(node: Any, *keys: str) -> Iterable[tuple[str, Any]]:
 
 # Sections whose schema an extension brings: (base with `__discriminator__`, raw path).
 _SCHEMA_EXTENSIONS = (
+    (Feature, ("features", "[]", "kind")),
     (OptimizerSpec, ("train", "sparse_optimizer", "type")),
     (OptimizerSpec, ("tables", "*", "optimizer", "type")),
 )
@@ -323,7 +325,7 @@ _SCHEMA_EXTENSIONS = (
 
 def read_extensions(raw: dict, config_dir: str | None) -> None:
     """Imports the `"module:ClassName"` extensions whose config keys the schema must know
-    before it reads the file (sparse optimizers), adding each class's `config_class` to
+    before it reads the file (feature kinds, sparse optimizers), adding each class's `config_class` to
     its section's choices.
 
     Only a config that names such a class imports it here (its module imports

@@ -344,22 +344,56 @@ class NormalizerSpec:
 class Feature:
     """Base of the feature kinds; dispatches on `kind`.
 
+    A kind is its config dataclass (here, or `config_class` of a registered
+    `recflow.features.kinds.FeatureKind`): its fields are the keys of the feature's
+    mapping, and its properties say how the column is read and what the model makes
+    of it, without TensorFlow (the config and the data's headers are checked first).
+
     Attributes:
         name: the feature's name: the input name of the export's signature, and the column read unless `column` is set.
         column: the source column, when it differs from `name` (several features may read one column).
-        kind: `categorical`, `multi_hot`, `sequence` or `numeric`.
+        kind: `categorical`, `multi_hot`, `sequence`, `numeric`, a registered kind, or `"package.module:ClassName"` of a `FeatureKind`.
     """
 
     name: str
     column: str | None = None  # source column; defaults to `name`
+
+    is_sparse: ClassVar[bool] = False  # ids looked up in an embedding table
 
     @property
     def source(self) -> str:
         return self.column or self.name
 
     @property
-    def is_sparse(self) -> bool:
-        return self.kind != "numeric"
+    def read_as(self) -> str:
+        """How the raw column is read and served: `int64`, `string` or `float`."""
+        return "float"
+
+    @property
+    def value_separator(self) -> str | None:
+        """The separator between the values of a multi-valued column, else None."""
+        return None
+
+    @property
+    def value_limit(self) -> int | None:
+        """The values a multi-valued feature keeps of a row, else None."""
+        return None
+
+    @property
+    def sequence_length(self) -> int | None:
+        """A sparse feature whose ids keep their positions: the tower gets `[B, length, dim]`
+        and a mask; None: its embeddings are pooled into `[B, dim]`."""
+        return None
+
+    @property
+    def pooling(self) -> str:
+        """How the embeddings of a row's ids are pooled: `sum`, `mean` or `sqrtn`."""
+        return "mean"
+
+    def identity(self) -> dict[str, Any]:
+        """What fixes the meaning of the model's variables for this feature
+        (`recflow.models.identity`)."""
+        return {"kind": self.kind}
 
     def validate(self) -> None:
         if not self.name or not self.name.replace("_", "a").replace("-", "a").isalnum():
@@ -367,7 +401,7 @@ class Feature:
 
 
 @dataclass(frozen=True)
-class _SparseFeature(Feature):
+class SparseFeature(Feature):
     """A feature whose values are ids looked up in an embedding table.
 
     Attributes:
@@ -379,6 +413,15 @@ class _SparseFeature(Feature):
     dtype: Literal["int64", "string"] = "string"
     table: str | None = None  # a key of `tables`; defaults to a table named after the feature
     dim: int | None = None  # only for a feature with its own table
+
+    is_sparse: ClassVar[bool] = True
+
+    @property
+    def read_as(self) -> str:
+        return "string"  # multi-valued columns are separator-joined strings whatever their dtype
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "dtype": self.dtype, "table": self.table_name}
 
     def validate(self) -> None:
         super().validate()
@@ -392,14 +435,18 @@ class _SparseFeature(Feature):
 
 
 @dataclass(frozen=True)
-class CategoricalFeature(_SparseFeature):
+class CategoricalFeature(SparseFeature):
     """One id per row."""
 
     kind: Literal["categorical"] = "categorical"
 
+    @property
+    def read_as(self) -> str:
+        return self.dtype
+
 
 @dataclass(frozen=True)
-class MultiHotFeature(_SparseFeature):
+class MultiHotFeature(SparseFeature):
     """A set of ids per row, joined by `separator` in the column, pooled with `combiner`.
 
     Attributes:
@@ -413,6 +460,21 @@ class MultiHotFeature(_SparseFeature):
     combiner: Literal["sum", "mean", "sqrtn"] = "mean"
     max_values: int = 1000  # longer rows keep their first max_values values (counted)
 
+    @property
+    def value_separator(self) -> str:
+        return self.separator
+
+    @property
+    def value_limit(self) -> int:
+        return self.max_values
+
+    @property
+    def pooling(self) -> str:
+        return self.combiner
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "combiner": self.combiner}
+
     def validate(self) -> None:
         super().validate()
         _positive(self, "max_values")
@@ -421,7 +483,7 @@ class MultiHotFeature(_SparseFeature):
 
 
 @dataclass(frozen=True)
-class SequenceFeature(_SparseFeature):
+class SequenceFeature(SparseFeature):
     """An ordered list of ids per row (e.g. a behaviour history), padded or cut to `max_len`.
 
     Attributes:
@@ -432,6 +494,21 @@ class SequenceFeature(_SparseFeature):
     kind: Literal["sequence"] = "sequence"
     separator: str = "|"
     max_len: int = 20
+
+    @property
+    def value_separator(self) -> str:
+        return self.separator
+
+    @property
+    def value_limit(self) -> int:
+        return self.max_len
+
+    @property
+    def sequence_length(self) -> int:
+        return self.max_len
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "max_len": self.max_len}
 
     def validate(self) -> None:
         super().validate()
@@ -454,6 +531,14 @@ class NumericFeature(Feature):
     # Raw value used when missing or not finite; None: neutral (the normalizer's mean,
     # 0 after `standard`/`auto`; 0 raw otherwise).
     default: float | None = None
+
+    def identity(self) -> dict[str, Any]:
+        entry = super().identity()
+        if self.normalizer is not None:
+            entry["normalizer"] = self.normalizer.type
+            if isinstance(self.normalizer, BucketizeNormalizer):
+                entry["boundaries"] = list(self.normalizer.boundaries)
+        return entry
 
 
 Feature.__discriminator__ = (

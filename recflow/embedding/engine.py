@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from recflow.config.schema import Config, Feature, SequenceFeature
+from recflow.config.schema import Config, Feature
 from recflow.embedding import wire
 from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
@@ -291,8 +291,8 @@ class EmbeddingEngine(tf.Module):
             if not isinstance(feature_ids, tf.RaggedTensor):
                 out[use.output] = values
                 continue
-            if isinstance(use.feature, SequenceFeature) and not use.output.endswith(LINEAR_OUTPUT):
-                length = use.feature.max_len
+            length = use.feature.sequence_length
+            if length is not None and not use.output.endswith(LINEAR_OUTPUT):
                 ragged = tf.RaggedTensor.from_row_splits(
                     values, feature_ids.row_splits, validate=False
                 )
@@ -301,7 +301,7 @@ class EmbeddingEngine(tf.Module):
                     feature_ids.row_lengths(), length
                 )
                 continue
-            combiner = getattr(use.feature, "combiner", "mean")
+            combiner = use.feature.pooling
             total = tf.math.unsorted_segment_sum(
                 values, feature_ids.value_rowids(), feature_ids.nrows()
             )

@@ -71,7 +71,7 @@ class RankingModel(keras.Model):
             if feature.name not in inputs:  # a retrieval tower sees only its side's features
                 continue
             value = inputs[feature.name]
-            if feature.kind == "sequence":
+            if feature.sequence_length is not None:
                 mask = tf.cast(inputs[mask_key(feature.name)], value.dtype)[:, :, None]
                 value = tf.reduce_sum(value * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
             out.append(value)

@@ -1,4 +1,5 @@
-"""recflow extensions written as a user writes them, outside the package.
+"""recflow extensions written as a user writes them, outside the package: a task head,
+a sparse optimizer and a feature kind.
 
 docs/models.md ("Extending recflow") shows this code, block for block;
 tests/test_extensions.py trains, evaluates and exports with it through the CLI,
@@ -10,8 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
+from recflow.config import SparseFeature
 from recflow.embedding.optimizers import SparseOptimizer
 from recflow.errors import ConfigError
+from recflow.features.kinds import FeatureKind, ids
 from recflow.models import Head
 
 
@@ -65,3 +68,36 @@ class MomentumSGD(SparseOptimizer):
         velocity = self.config.momentum * slots + grad
         return emb - self.learning_rate * velocity, velocity
 # [end:optimizer]
+
+
+# [start:kind]
+@dataclass(frozen=True)
+class BucketizedFeature(SparseFeature):
+    """A number per row, embedded by the bucket it falls in: `x < b[0]` is bucket 0,
+    `b[i-1] <= x < b[i]` bucket i, `x >= b[-1]` bucket len(b); a missing number, -1."""
+
+    kind: str = "bucketized"
+    boundaries: tuple[float, ...] = ()
+
+    @property
+    def read_as(self) -> str:
+        return "float"  # the column is read, and served, as float32
+
+    def identity(self) -> dict:
+        return {**super().identity(), "boundaries": list(self.boundaries)}
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.boundaries or list(self.boundaries) != sorted(set(self.boundaries)):
+            raise ConfigError("boundaries", "expected strictly increasing numbers")
+
+
+class Bucketized(FeatureKind):
+    config_class = BucketizedFeature
+
+    def transform(self, raw, counts=None):
+        x = tf.cast(raw, tf.float32)
+        bucket = tf.raw_ops.Bucketize(input=x, boundaries=list(self.feature.boundaries))
+        bucket = tf.where(tf.math.is_finite(x), tf.cast(bucket, tf.int64), -1)
+        return ids(bucket, "int64")  # one id per row: pooled to [B, dim]
+# [end:kind]
