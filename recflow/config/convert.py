@@ -226,8 +226,13 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
     family = disc = kind = None
     if cls.__dict__.get("__discriminator__") is not None:
         disc, family = cls.__discriminator__
-        family = {**family, **_REGISTERED.get(cls, {})}
+        registered = _REGISTERED.get(cls, {})
+        # Messages list the named choices: a `module:Class` one belongs to the config
+        # that named it, not to every config this process reads.
+        family = {**family, **{k: c for k, c in registered.items() if ":" not in k}}
         kind = value.get(disc)
+        if isinstance(kind, str) and kind in registered:
+            family = {**family, kind: registered[kind]}
         if not isinstance(kind, str) or kind not in family:  # a list or mapping is unhashable
             where = f"{path}.{disc}" if path else disc
             if kind is None:

@@ -17,7 +17,6 @@ from recflow.config.schema import (
     Config,
     Feature,
     OptimizerSpec,
-    SequenceFeature,
     check_kafka,
 )
 from recflow.errors import ConfigError, RecflowError
@@ -445,9 +444,6 @@ def check_references(config: Config) -> None:
     group_by = config.task.group_by
     if group_by is not None and group_by not in seen:
         raise ConfigError("task.group_by", f"no feature {group_by!r}")
-    for i, f in enumerate(config.features):
-        if isinstance(f, SequenceFeature) and f.dtype not in ("int64", "string"):
-            raise ConfigError(f"features[{i}].dtype", "expected 'int64' or 'string'")
 
 
 def dump_config(config: Config, path: str) -> None:
