@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
+from recflow import metrics
 from recflow.config import config_from_dict
 from recflow.data import generate
-from recflow import metrics
 from recflow.training.trainer import Trainer
 
 # ----------------------------------------------------------------------------- references

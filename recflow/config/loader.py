@@ -324,8 +324,8 @@ _SCHEMA_EXTENSIONS = (
 
 def read_extensions(raw: dict, config_dir: str | None) -> None:
     """Imports the `"module:ClassName"` extensions whose config keys the schema must know
-    before it reads the file (feature kinds, sparse optimizers), adding each class's `config_class` to
-    its section's choices.
+    before it reads the file (feature kinds, sparse optimizers), adding each class's
+    `config_class` to its section's choices.
 
     Only a config that names such a class imports it here (its module imports
     TensorFlow); every other config is still checked before TensorFlow loads.

@@ -14,9 +14,9 @@ import numpy as np
 import tensorflow as tf
 
 from recflow import data as data_lib
+from recflow import metrics as metrics_lib
 from recflow.features.transform import transform
 from recflow.models.base import RetrievalModel
-from recflow import metrics as metrics_lib
 
 EVAL_BATCH = 16384  # rows per evaluation batch (at least the training batch)
 
