@@ -195,6 +195,36 @@ def test_a_bucketized_price_has_the_keys_of_its_bucket_index(tmp_path, extension
     np.testing.assert_array_equal(got["price"].numpy(), transform_one(by_bucket, buckets).numpy())
 
 
+def test_registered_names_work_like_module_names(tmp_path, extensions):
+    """`register_*` from the Python API: short names in the config, no `module:`."""
+    from recflow.embedding.optimizers import register_sparse_optimizer
+    from recflow.features.kinds import kind_of, register_feature_kind
+    from recflow.models import register_head
+    from recflow.models.heads import RegressionHead
+
+    register_head("ext_poisson")(extensions.PoissonHead)
+    register_sparse_optimizer("ext_momentum")(extensions.MomentumSGD)
+    register_feature_kind("ext_bucketized")(extensions.Bucketized)
+    write_counts(tmp_path / "train.csv", 10, seed=1)
+    config = load_config(
+        extension_config(tmp_path),
+        [
+            "task.type=ext_poisson",
+            "train.sparse_optimizer.type=ext_momentum",
+            "features.price.kind=ext_bucketized",
+        ],
+    )
+    assert isinstance(config.train.sparse_optimizer, extensions.MomentumConfig)
+    assert isinstance(kind_of(config.feature("price")), extensions.Bucketized)
+    model = build_model(config)
+    assert [type(h) for h in model.heads] == [extensions.PoissonHead]
+    assert {type(t.optimizer) for t in model.embedding.physical_tables} == {extensions.MomentumSGD}
+    with pytest.raises(ValueError, match="a head named 'ext_poisson' is already registered"):
+        register_head("ext_poisson")(RegressionHead)
+    with pytest.raises(TypeError, match="is not a Head subclass"):
+        register_head("ext_other")(extensions.MomentumSGD)
+
+
 # ----------------------------------------------------------------------------- by value
 
 
