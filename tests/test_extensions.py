@@ -195,12 +195,21 @@ def test_a_bucketized_price_has_the_keys_of_its_bucket_index(tmp_path, extension
     np.testing.assert_array_equal(got["price"].numpy(), transform_one(by_bucket, buckets).numpy())
 
 
-def test_registered_names_work_like_module_names(tmp_path, extensions):
+def test_registered_names_work_like_module_names(tmp_path, extensions, monkeypatch):
     """`register_*` from the Python API: short names in the config, no `module:`."""
+    from recflow.config import convert
+    from recflow.embedding import optimizers
     from recflow.embedding.optimizers import register_sparse_optimizer
+    from recflow.features import kinds
     from recflow.features.kinds import kind_of, register_feature_kind
-    from recflow.models import register_head
+    from recflow.models import heads, register_head
     from recflow.models.heads import RegressionHead
+
+    # The names registered here are this test's only.
+    monkeypatch.setattr(heads, "_HEADS", dict(heads._HEADS))
+    monkeypatch.setattr(optimizers, "_OPTIMIZERS", dict(optimizers._OPTIMIZERS))
+    monkeypatch.setattr(kinds, "_KINDS", dict(kinds._KINDS))
+    monkeypatch.setattr(convert, "_REGISTERED", {k: dict(v) for k, v in convert._REGISTERED.items()})
 
     register_head("ext_poisson")(extensions.PoissonHead)
     register_sparse_optimizer("ext_momentum")(extensions.MomentumSGD)
