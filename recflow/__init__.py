@@ -34,6 +34,12 @@ _select_keras_2()
 _LAZY = {
     "RankingModel": "recflow.models",
     "register_model": "recflow.models",
+    "Head": "recflow.models",
+    "register_head": "recflow.models",
+    "SparseOptimizer": "recflow.embedding.optimizers",
+    "register_sparse_optimizer": "recflow.embedding.optimizers",
+    "FeatureKind": "recflow.features.kinds",
+    "register_feature_kind": "recflow.features.kinds",
     "load_config": "recflow.config",
     "Config": "recflow.config",
     "train": "recflow.api",
@@ -53,6 +59,7 @@ def __getattr__(name):
 
 
 __all__ = [
-    "Config", "RankingModel", "evaluate", "export", "load_config", "register_model", "train",
-    "__version__",
+    "Config", "FeatureKind", "Head", "RankingModel", "SparseOptimizer", "evaluate", "export",
+    "load_config", "register_feature_kind", "register_head", "register_model",
+    "register_sparse_optimizer", "train", "__version__",
 ]

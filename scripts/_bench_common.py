@@ -191,7 +191,7 @@ def run_deepctr(
     from deepctr.feature_column import DenseFeat, SparseFeat
     from deepctr.models import DeepFM
 
-    from recflow.training.metrics import auc
+    from recflow.metrics import auc
 
     gc.collect()
     keras.utils.set_random_seed(seed)
@@ -376,7 +376,7 @@ def deepctr_inputs(config, train: dict, evaluation: dict) -> tuple[list, dict, d
     import tensorflow as tf
     from deepctr.feature_column import DenseFeat, SparseFeat, VarLenSparseFeat
 
-    from recflow.features.transform import normalize
+    from recflow.features.kinds import normalize
 
     def tokens(feature, column):
         if feature.kind == "categorical":
@@ -430,7 +430,7 @@ def run_deepctr_config(
     import tf_keras as keras
     from deepctr.models import DeepFM
 
-    from recflow.training.metrics import auc
+    from recflow.metrics import auc
 
     gc.collect()
     keras.utils.set_random_seed(seed)

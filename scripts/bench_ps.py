@@ -118,7 +118,7 @@ def step_costs(batch: int, ps_counts: list[int]) -> list[dict]:
     from recflow.embedding.placement import ModPlacement
     from recflow.features.transform import transform
     from recflow.models import build_model
-    from recflow.training.trainer import make_dense_optimizer
+    from recflow.training.dense_optimizer import make_dense_optimizer
 
     most = max(ps_counts)
     ports = free_ports(most + 1)

@@ -206,7 +206,7 @@ def deepctr_job(args) -> int:
 def run_tfra(args, train, evaluation, work: str) -> dict:
     import numpy as np
 
-    from recflow.training.metrics import auc
+    from recflow.metrics import auc
 
     python = common.tfra_python(args.tfra_venv)
     paths = [os.path.join(work, n) for n in ("train.npz", "eval.npz", "scores.npy")]

@@ -7,7 +7,7 @@ embeddings and the model come from the config), trains DeepCTR's DeepFM on the
 same rows (LabelEncoder vocabularies over train + eval, log1p numerics, the same
 embedding dim, hidden units, Adam learning rate, batch size and epochs), and
 scores both on the same eval rows with one AUC function
-(`recflow.training.metrics.auc`).
+(`recflow.metrics.auc`).
 
 One epoch of a few dozen large batches leaves a seed-to-seed AUC spread of about
 +-0.005 for either system, so both train once per model seed (`--model-seeds`:

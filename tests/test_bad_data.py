@@ -18,7 +18,8 @@ import yaml
 from recflow.atomic import write_json
 from recflow.cli import main
 from recflow.config import config_from_dict
-from recflow.features.transform import normalize, sparse_ids
+from recflow.features.kinds import normalize
+from recflow.features.transform import sparse_ids
 
 
 def config(tmp_path: Path, data: dict | None = None, **sections) -> str:

@@ -10,7 +10,7 @@ from recflow.embedding.rows import RowLayout
 from recflow.features.keys import decode, encode
 from recflow.features.transform import transform
 from recflow.models import RankingModel, build_model, register_model
-from recflow.training.trainer import make_dense_optimizer
+from recflow.training.dense_optimizer import make_dense_optimizer
 
 
 @register_model("test_sum_tower")

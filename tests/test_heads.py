@@ -5,6 +5,7 @@ import pytest
 
 import recflow  # noqa: F401  (Keras 2)
 from recflow.config import load_config
+from recflow.errors import ConfigError
 from recflow.models import linear_key, mask_key
 from recflow.models.heads import BinaryHead, RegressionHead, RetrievalHead, heads_for
 
@@ -58,6 +59,17 @@ def test_heads_for_config_and_metrics():
     assert head.metric_names(config.task) == ("rmse", "mae")
     config = load_config(base, ["task.metrics=[auc]"])
     assert heads_for(config)[0].metric_names(config.task) == ("auc",)
+    assert heads_for(load_config(base))[0].metric_names(load_config(base).task) == ("auc", "logloss")
+
+
+def test_heads_check_task_type_and_metrics():
+    base = "configs/deepfm_demo.yaml"
+    with pytest.raises(ConfigError, match=r"^task\.metrics\[1\]: expected one of \['accuracy', 'auc', 'gauc', 'logloss'\], got 'mse'$"):
+        heads_for(load_config(base, ["task.metrics=[auc, mse]"]))
+    with pytest.raises(ConfigError, match=r"^task\.type: no head 'ranking' \(registered: binary, regression, retrieval"):
+        heads_for(load_config(base, ["task.type=ranking"]))
+    with pytest.raises(ConfigError, match=r"^task\.type: module 'recflow' has no class 'Nope'$"):
+        heads_for(load_config(base, ["task.type=recflow:Nope"]))
 
 
 def test_tower_input_keys():

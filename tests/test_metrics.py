@@ -1,4 +1,4 @@
-"""Tests of recflow.training.metrics against brute-force numpy references, and of gauc in the trainer."""
+"""Tests of recflow.metrics against brute-force numpy references, and of gauc in the trainer."""
 
 import itertools
 import math
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
+from recflow import metrics
 from recflow.config import config_from_dict
 from recflow.data import generate
-from recflow.training import metrics
 from recflow.training.trainer import Trainer
 
 # ----------------------------------------------------------------------------- references

@@ -18,7 +18,7 @@ from recflow.data.pipeline import NONFINITE, TRUNCATED
 from recflow.embedding.placement import ModPlacement
 from recflow.models import build_model
 from recflow.training.chunk import train_chunk
-from recflow.training.trainer import make_dense_optimizer
+from recflow.training.dense_optimizer import make_dense_optimizer
 
 BATCH = 32
 STEPS = 6

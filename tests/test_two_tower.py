@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from recflow import metrics
 from recflow.cli import main
 from recflow.config import load_config
 from recflow.data import generate
 from recflow.errors import ConfigError
 from recflow.models import build_model
-from recflow.models.heads import in_batch_candidates, retrieval_loss
-from recflow.training import metrics
+from recflow.models.heads import heads_for, in_batch_candidates, retrieval_loss
 
 CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "two_tower.yaml")
 QUERY = ["user_id", "city", "age", "hist_items"]
@@ -135,12 +135,12 @@ def test_retrieval_loss_removes_accidental_hits_and_corrects_for_frequency():
 @pytest.mark.parametrize("bad", ["recall@0", "recall@x", "recall@", "auc", "recall@05", "ndcg@10"])
 def test_retrieval_metric_names_are_checked(bad):
     with pytest.raises(ConfigError, match=r"task\.metrics\[1\]: expected 'recall@K'"):
-        load_config(CONFIG, [f"task.metrics=[recall@5, {bad}]"])
+        heads_for(load_config(CONFIG, [f"task.metrics=[recall@5, {bad}]"]))
 
 
 def test_retrieval_metrics_default_to_recall_at_10():
     config = load_config(CONFIG, ["task.metrics=null"])
-    assert config.task.metric_names("retrieval") == ("recall@10",)
+    assert heads_for(config)[0].metric_names(config.task) == ("recall@10",)
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from recflow import metrics
 from recflow.config import config_from_dict, load_config
 from recflow.data import generate
 from recflow.errors import ConfigError
 from recflow.models import build_model, registered_models
-from recflow.training import metrics
 from recflow.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent

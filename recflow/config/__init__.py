@@ -9,6 +9,7 @@ from recflow.config.schema import (
     MultiHotFeature,
     NumericFeature,
     SequenceFeature,
+    SparseFeature,
     TableConfig,
 )
 
@@ -19,6 +20,7 @@ __all__ = [
     "MultiHotFeature",
     "NumericFeature",
     "SequenceFeature",
+    "SparseFeature",
     "TableConfig",
     "config_from_dict",
     "dump_config",

@@ -19,7 +19,30 @@ from typing import Any, Literal, Union
 from recflow.errors import ConfigError
 
 # A dataclass may declare `__discriminator__ = ("kind", {"categorical": Cls, ...})`
-# on a base type to pick the concrete class from one key.
+# on a base type to pick the concrete class from one key, and `__extra__ = "kwargs"`
+# to collect the keys it does not declare into its `dict` field `kwargs` (keyword
+# arguments of a class that the schema does not know, e.g. a Keras optimizer's).
+
+
+_REGISTERED: dict[type, dict[str, type]] = {}  # base -> choices added by extensions
+
+
+def register_choice(base: type, name: str, cls: type) -> None:
+    """Adds `name` -> dataclass `cls` to the `kind`/`type` choices of a discriminated
+    section (`Feature`, `OptimizerSpec`): how a registered extension's config is read.
+    The schema's own choices (and so the configuration reference) stay as they are.
+
+    Raises:
+        ValueError: `name` already selects another class, or `cls` is not a dataclass
+            with the discriminating field.
+    """
+    key, family = base.__discriminator__
+    if not dataclasses.is_dataclass(cls) or key not in {f.name for f in dataclasses.fields(cls)}:
+        raise ValueError(f"{cls!r} must be a dataclass with a `{key}` field")
+    registered = _REGISTERED.setdefault(base, {})
+    if {**family, **registered}.get(name, cls) is not cls:
+        raise ValueError(f"{key} {name!r} already selects another class")
+    registered[name] = cls
 
 
 def _describe(value: Any) -> str:
@@ -203,7 +226,13 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
     family = disc = kind = None
     if cls.__dict__.get("__discriminator__") is not None:
         disc, family = cls.__discriminator__
+        registered = _REGISTERED.get(cls, {})
+        # Messages list the named choices: a `module:Class` one belongs to the config
+        # that named it, not to every config this process reads.
+        family = {**family, **{k: c for k, c in registered.items() if ":" not in k}}
         kind = value.get(disc)
+        if isinstance(kind, str) and kind in registered:
+            family = {**family, kind: registered[kind]}
         if not isinstance(kind, str) or kind not in family:  # a list or mapping is unhashable
             where = f"{path}.{disc}" if path else disc
             if kind is None:
@@ -217,11 +246,15 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
             )
         cls = family[kind]
     hints = _hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    extra = cls.__dict__.get("__extra__")
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init and f.name != extra}
     kwargs = {}
     for key, item in value.items():
         where = f"{path}.{key}" if path else str(key)
         if key not in fields:
+            if extra is not None and isinstance(key, str):
+                kwargs.setdefault(extra, {})[key] = item
+                continue
             raise ConfigError(path, _unknown_key(key, fields, family, disc, kind))
         kwargs[key] = convert(item, hints[key], where)
     for name, field in fields.items():
@@ -243,7 +276,15 @@ def from_dict(cls: type, value: Any, path: str = "") -> Any:
 def to_dict(obj: Any) -> Any:
     """The inverse of `from_dict`: plain YAML-able values."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+        extra = type(obj).__dict__.get("__extra__")
+        out = {
+            f.name: to_dict(getattr(obj, f.name))
+            for f in dataclasses.fields(obj)
+            if f.init and f.name != extra
+        }
+        if extra is not None:
+            out.update(to_dict(getattr(obj, extra)))
+        return out
     if isinstance(obj, (tuple, list)):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

@@ -12,8 +12,13 @@ import yaml
 
 from recflow.atomic import write_text
 from recflow.config import limits, model_module
-from recflow.config.convert import from_dict, to_dict
-from recflow.config.schema import Config, SequenceFeature, check_kafka
+from recflow.config.convert import from_dict, register_choice, to_dict
+from recflow.config.schema import (
+    Config,
+    Feature,
+    OptimizerSpec,
+    check_kafka,
+)
 from recflow.errors import ConfigError, RecflowError
 
 
@@ -282,11 +287,68 @@ def config_from_dict(raw: dict, config_dir: str | None = None) -> Config:
     decides nothing (table slots, the fusion plan and the tower's inputs all follow
     this order), so reordering them cannot scramble a trained model.
     """
+    read_extensions(raw, config_dir)
     config = from_dict(Config, raw)
     check_references(config)
     check_memory(config)
     model_module.locate(config.model.type, config_dir)
+    for path, type_name in _extension_names(config):
+        model_module.locate(type_name, config_dir, path)
     return dataclasses.replace(config, features=tuple(sorted(config.features, key=lambda f: f.name)))
+
+
+def _items(node: Any, *keys: str) -> Iterable[tuple[str, Any]]:
+    """(dotted path, value) of `raw[keys[0]][keys[1]]...`, where every step is a mapping
+    (`*` for each entry of a mapping, `[]` for each item of a list)."""
+    found = [("", node)]
+    for key in keys:
+        step = []
+        for path, value in found:
+            if key == "[]" and isinstance(value, list):
+                step += [(f"{path}[{i}]", v) for i, v in enumerate(value)]
+            elif key == "*" and isinstance(value, dict):
+                step += [(f"{path}.{k}".lstrip("."), v) for k, v in value.items()]
+            elif isinstance(value, dict) and key in value:
+                step.append((f"{path}.{key}".lstrip("."), value[key]))
+        found = step
+    return found
+
+
+# Sections whose schema an extension brings: (base with `__discriminator__`, raw path).
+_SCHEMA_EXTENSIONS = (
+    (Feature, ("features", "[]", "kind")),
+    (OptimizerSpec, ("train", "sparse_optimizer", "type")),
+    (OptimizerSpec, ("tables", "*", "optimizer", "type")),
+)
+
+
+def read_extensions(raw: dict, config_dir: str | None) -> None:
+    """Imports the `"module:ClassName"` extensions whose config keys the schema must know
+    before it reads the file (feature kinds, sparse optimizers), adding each class's
+    `config_class` to its section's choices.
+
+    Only a config that names such a class imports it here (its module imports
+    TensorFlow); every other config is still checked before TensorFlow loads.
+    """
+    for base, keys in _SCHEMA_EXTENSIONS:
+        for path, type_name in _items(raw, *keys):
+            if not model_module.is_class_path(type_name):
+                continue
+            model_module.locate(type_name, config_dir, path)
+            cls = model_module.import_class(type_name, path)
+            config_class = getattr(cls, "config_class", None)
+            try:
+                register_choice(base, type_name, config_class)
+            except ValueError as e:
+                raise ConfigError(path, f"{type_name!r}: `config_class`: {e}") from None
+
+
+def _extension_names(config: Config) -> list[tuple[str, str]]:
+    """(path, value) of the config's other `module:ClassName` values (imported when the
+    model is built)."""
+    names = [("task.type", config.task.type), ("train.optimizer.type", config.train.optimizer.type)]
+    names += [(f"task.tasks[{i}].type", t.type) for i, t in enumerate(config.task.tasks)]
+    return [(path, name) for path, name in names if model_module.is_class_path(name)]
 
 
 def check_data(config: Config) -> None:
@@ -382,9 +444,6 @@ def check_references(config: Config) -> None:
     group_by = config.task.group_by
     if group_by is not None and group_by not in seen:
         raise ConfigError("task.group_by", f"no feature {group_by!r}")
-    for i, f in enumerate(config.features):
-        if isinstance(f, SequenceFeature) and f.dtype not in ("int64", "string"):
-            raise ConfigError(f"features[{i}].dtype", "expected 'int64' or 'string'")
 
 
 def dump_config(config: Config, path: str) -> None:

@@ -344,22 +344,56 @@ class NormalizerSpec:
 class Feature:
     """Base of the feature kinds; dispatches on `kind`.
 
+    A kind is its config dataclass (here, or `config_class` of a registered
+    `recflow.features.kinds.FeatureKind`): its fields are the keys of the feature's
+    mapping, and its properties say how the column is read and what the model makes
+    of it, without TensorFlow (the config and the data's headers are checked first).
+
     Attributes:
         name: the feature's name: the input name of the export's signature, and the column read unless `column` is set.
         column: the source column, when it differs from `name` (several features may read one column).
-        kind: `categorical`, `multi_hot`, `sequence` or `numeric`.
+        kind: `categorical`, `multi_hot`, `sequence`, `numeric`, a registered kind, or `"package.module:ClassName"` of a `FeatureKind`.
     """
 
     name: str
     column: str | None = None  # source column; defaults to `name`
+
+    is_sparse: ClassVar[bool] = False  # ids looked up in an embedding table
 
     @property
     def source(self) -> str:
         return self.column or self.name
 
     @property
-    def is_sparse(self) -> bool:
-        return self.kind != "numeric"
+    def read_as(self) -> str:
+        """How the raw column is read and served: `int64`, `string` or `float`."""
+        return "float"
+
+    @property
+    def value_separator(self) -> str | None:
+        """The separator between the values of a multi-valued column, else None."""
+        return None
+
+    @property
+    def value_limit(self) -> int | None:
+        """The values a multi-valued feature keeps of a row, else None."""
+        return None
+
+    @property
+    def sequence_length(self) -> int | None:
+        """A sparse feature whose ids keep their positions: the tower gets `[B, length, dim]`
+        and a mask; None: its embeddings are pooled into `[B, dim]`."""
+        return None
+
+    @property
+    def pooling(self) -> str:
+        """How the embeddings of a row's ids are pooled: `sum`, `mean` or `sqrtn`."""
+        return "mean"
+
+    def identity(self) -> dict[str, Any]:
+        """What fixes the meaning of the model's variables for this feature
+        (`recflow.models.identity`)."""
+        return {"kind": self.kind}
 
     def validate(self) -> None:
         if not self.name or not self.name.replace("_", "a").replace("-", "a").isalnum():
@@ -367,7 +401,7 @@ class Feature:
 
 
 @dataclass(frozen=True)
-class _SparseFeature(Feature):
+class SparseFeature(Feature):
     """A feature whose values are ids looked up in an embedding table.
 
     Attributes:
@@ -379,6 +413,15 @@ class _SparseFeature(Feature):
     dtype: Literal["int64", "string"] = "string"
     table: str | None = None  # a key of `tables`; defaults to a table named after the feature
     dim: int | None = None  # only for a feature with its own table
+
+    is_sparse: ClassVar[bool] = True
+
+    @property
+    def read_as(self) -> str:
+        return "string"  # multi-valued columns are separator-joined strings whatever their dtype
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "dtype": self.dtype, "table": self.table_name}
 
     def validate(self) -> None:
         super().validate()
@@ -392,14 +435,18 @@ class _SparseFeature(Feature):
 
 
 @dataclass(frozen=True)
-class CategoricalFeature(_SparseFeature):
+class CategoricalFeature(SparseFeature):
     """One id per row."""
 
     kind: Literal["categorical"] = "categorical"
 
+    @property
+    def read_as(self) -> str:
+        return self.dtype
+
 
 @dataclass(frozen=True)
-class MultiHotFeature(_SparseFeature):
+class MultiHotFeature(SparseFeature):
     """A set of ids per row, joined by `separator` in the column, pooled with `combiner`.
 
     Attributes:
@@ -413,6 +460,21 @@ class MultiHotFeature(_SparseFeature):
     combiner: Literal["sum", "mean", "sqrtn"] = "mean"
     max_values: int = 1000  # longer rows keep their first max_values values (counted)
 
+    @property
+    def value_separator(self) -> str:
+        return self.separator
+
+    @property
+    def value_limit(self) -> int:
+        return self.max_values
+
+    @property
+    def pooling(self) -> str:
+        return self.combiner
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "combiner": self.combiner}
+
     def validate(self) -> None:
         super().validate()
         _positive(self, "max_values")
@@ -421,7 +483,7 @@ class MultiHotFeature(_SparseFeature):
 
 
 @dataclass(frozen=True)
-class SequenceFeature(_SparseFeature):
+class SequenceFeature(SparseFeature):
     """An ordered list of ids per row (e.g. a behaviour history), padded or cut to `max_len`.
 
     Attributes:
@@ -432,6 +494,21 @@ class SequenceFeature(_SparseFeature):
     kind: Literal["sequence"] = "sequence"
     separator: str = "|"
     max_len: int = 20
+
+    @property
+    def value_separator(self) -> str:
+        return self.separator
+
+    @property
+    def value_limit(self) -> int:
+        return self.max_len
+
+    @property
+    def sequence_length(self) -> int:
+        return self.max_len
+
+    def identity(self) -> dict[str, Any]:
+        return {**super().identity(), "max_len": self.max_len}
 
     def validate(self) -> None:
         super().validate()
@@ -454,6 +531,14 @@ class NumericFeature(Feature):
     # Raw value used when missing or not finite; None: neutral (the normalizer's mean,
     # 0 after `standard`/`auto`; 0 raw otherwise).
     default: float | None = None
+
+    def identity(self) -> dict[str, Any]:
+        entry = super().identity()
+        if self.normalizer is not None:
+            entry["normalizer"] = self.normalizer.type
+            if isinstance(self.normalizer, BucketizeNormalizer):
+                entry["boundaries"] = list(self.normalizer.boundaries)
+        return entry
 
 
 Feature.__discriminator__ = (
@@ -587,7 +672,7 @@ class FtrlConfig:
             raise ConfigError("learning_rate_power", "expected a number <= 0")
 
 
-OptimizerConfig = SGDConfig | AdagradConfig | AdamConfig | FtrlConfig
+OptimizerConfig = SGDConfig | AdagradConfig | AdamConfig | FtrlConfig  # the built-in ones
 
 
 @dataclass(frozen=True)
@@ -697,39 +782,35 @@ class TaskSpec:
     Attributes:
         name: the head's name: its output name in the export and the prefix of its metrics (`NAME/auc`).
         label: its label column.
-        type: the head's loss: sigmoid cross-entropy or mean squared error.
+        type: the head: `binary` (sigmoid cross-entropy), `regression` (mean squared error), another registered head, or `"package.module:ClassName"`.
         weight: its weight in the summed loss.
     """
 
     name: str
     label: str
-    type: Literal["binary", "regression"] = "binary"
+    type: str = "binary"
     weight: float = 1.0
 
     def validate(self) -> None:
         _non_negative(self, "weight")
 
 
-_METRICS = {
-    "binary": ("auc", "logloss", "gauc", "accuracy"),
-    "regression": ("mse", "mae", "rmse"),
-}
-
-
 @dataclass(frozen=True)
 class TaskConfig:
-    """The task. `retrieval`: every row with label > 0 is a positive (query, candidate)
-    pair; the loss is a softmax over the batch's candidates (in-batch negatives).
+    """The task: the head(s) that turn the tower's logits into a loss, predictions,
+    metrics and export outputs (`recflow.models.heads`). `retrieval`: every row with
+    label > 0 is a positive (query, candidate) pair; the loss is a softmax over the
+    batch's candidates (in-batch negatives).
 
     Attributes:
-        type: the task; `multitask` lists its heads in `tasks`.
-        metrics: metrics to compute (binary: `auc`, `logloss`, `gauc`, `accuracy`; regression: `mse`, `mae`, `rmse`; retrieval: `recall@K`); default auc and logloss, mse, or recall@10.
+        type: the head: `binary`, `regression`, `retrieval`, another registered head, or `"package.module:ClassName"`; `multitask` lists its heads in `tasks`.
+        metrics: metrics to compute (binary: `auc`, `logloss`, `gauc`, `accuracy`; regression: `mse`, `mae`, `rmse`; retrieval: `recall@K`; a head of your own: its own); default: the head's defaults (auc and logloss, mse, recall@10). Checked against the heads when the model is built.
         group_by: the feature that groups examples for `gauc` (AUC per group, weighted by group size).
         tasks: the heads of a `multitask` model.
     """
 
-    type: Literal["binary", "regression", "multitask", "retrieval"] = "binary"
-    metrics: tuple[str, ...] | None = None  # defaults by type
+    type: str = "binary"
+    metrics: tuple[str, ...] | None = None  # defaults by head
     group_by: str | None = None  # the feature that groups examples for gauc
     tasks: tuple[TaskSpec, ...] = ()  # multitask heads
 
@@ -738,29 +819,8 @@ class TaskConfig:
             raise ConfigError("tasks", "required for type 'multitask'")
         if self.type != "multitask" and self.tasks:
             raise ConfigError("tasks", "only allowed for type 'multitask'")
-        if self.type == "retrieval":
-            for i, metric in enumerate(self.metrics or ()):
-                prefix, _, k = str(metric).partition("@")
-                if prefix != "recall" or not (k.isascii() and k.isdigit()) or k.startswith("0"):
-                    raise ConfigError(
-                        f"metrics[{i}]",
-                        f"expected 'recall@K' with K a positive integer, got {metric!r}",
-                    )
-            return
-        kinds = {t.type for t in self.tasks} if self.tasks else {self.type}
-        allowed = sorted({m for k in kinds for m in _METRICS[k]})
-        for i, metric in enumerate(self.metrics or ()):
-            if metric not in allowed:
-                raise ConfigError(f"metrics[{i}]", f"expected one of {allowed}, got {metric!r}")
         if "gauc" in (self.metrics or ()) and not self.group_by:
             raise ConfigError("group_by", "required when metrics include 'gauc'")
-
-    def metric_names(self, kind: str) -> tuple[str, ...]:
-        """The metrics computed for a head of type `kind`."""
-        if kind == "retrieval":
-            return tuple(self.metrics or ("recall@10",))
-        default = ("auc", "logloss") if kind == "binary" else ("mse",)
-        return tuple(m for m in (self.metrics or default) if m in _METRICS[kind])
 
 
 # ----------------------------------------------------------------------------- train, export
@@ -768,15 +828,23 @@ class TaskConfig:
 
 @dataclass(frozen=True)
 class DenseOptimizerConfig:
-    """The optimizer of the dense weights (tower, first-order bias), from Keras.
+    """The optimizer of the dense weights (tower, first-order bias): any Keras optimizer.
+
+    The mapping's other keys are the optimizer's keyword arguments, e.g.
+    `{type: adamw, learning_rate: 0.001, weight_decay: 0.01}`; names the optimizer
+    does not take are errors (checked when the model is built).
 
     Attributes:
-        type: the Keras optimizer.
+        type: a `tf_keras.optimizers` class by name, any case (`adam`, `adamw`, `sgd`, `rmsprop`, `adagrad`, `adadelta`, `adamax`, `nadam`, `ftrl`, `lion`, `adafactor`), or `"package.module:ClassName"` of a `tf_keras` optimizer.
         learning_rate: step size.
+        kwargs: not a key itself: every other key of the mapping, passed to the optimizer (e.g. `weight_decay`, `momentum`, `clipnorm`).
     """
 
-    type: Literal["adam", "adagrad", "sgd", "ftrl"] = "adam"
+    type: str = "adam"
     learning_rate: float = 0.001
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    __extra__: ClassVar[str] = "kwargs"
 
     def validate(self) -> None:
         _positive(self, "learning_rate")

@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from recflow.config.schema import Config, CsvOptions, Feature
+from recflow.config.schema import Config, CsvOptions
 from recflow.errors import DataError
 
 # The tag in front of the in-graph message of a malformed record (on_bad_record: fail).
@@ -82,24 +82,6 @@ class Need:
         return (self.column, self.kind, self.separator, self.positive, self.limit)
 
 
-def raw_kind(feature: Feature) -> str:
-    """The raw serving dtype of a feature: `int64`, `string` or `float`.
-
-    Only a categorical int64 feature is int64; multi_hot and sequence features are
-    separator-joined strings whatever their dtype; numeric features are float.
-    """
-    if feature.kind == "numeric":
-        return FLOAT
-    if feature.kind == "categorical" and getattr(feature, "dtype", "string") == "int64":
-        return INT64
-    return STRING
-
-
-def value_limit(feature: Feature) -> int | None:
-    """The values a multi-valued feature keeps (`max_values`, `max_len`), else None."""
-    return getattr(feature, "max_values", None) or getattr(feature, "max_len", None)
-
-
 def leading_values(text: str, separator: str, limit: int) -> list[str]:
     """The first `limit + 1` non-empty values of a separator-joined text, found without
     splitting all of it (the Python twin of `pipeline.first_values`): more than `limit`
@@ -114,10 +96,10 @@ def needs(config: Config) -> list[Need]:
     result = [
         Need(
             f.source,
-            raw_kind(f),
+            f.read_as,
             f"feature '{f.name}'",
-            getattr(f, "separator", None),
-            limit=value_limit(f),
+            f.value_separator,
+            limit=f.value_limit,
         )
         for f in config.features
     ]

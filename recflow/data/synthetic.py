@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from recflow.config.schema import SyntheticOptions
-from recflow.training.metrics import auc
+from recflow.metrics import auc
 
 _TARGET_STD = 1.4  # std of the logit: sets the oracle AUC near 0.8
 _TARGET_CTR = 0.25

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 import tensorflow as tf
 
-from recflow.config.schema import Config, Feature, SequenceFeature
+from recflow.config.schema import Config, Feature
 from recflow.embedding import wire
 from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
@@ -291,8 +291,8 @@ class EmbeddingEngine(tf.Module):
             if not isinstance(feature_ids, tf.RaggedTensor):
                 out[use.output] = values
                 continue
-            if isinstance(use.feature, SequenceFeature) and not use.output.endswith(LINEAR_OUTPUT):
-                length = use.feature.max_len
+            length = use.feature.sequence_length
+            if length is not None and not use.output.endswith(LINEAR_OUTPUT):
                 ragged = tf.RaggedTensor.from_row_splits(
                     values, feature_ids.row_splits, validate=False
                 )
@@ -301,7 +301,7 @@ class EmbeddingEngine(tf.Module):
                     feature_ids.row_lengths(), length
                 )
                 continue
-            combiner = getattr(use.feature, "combiner", "mean")
+            combiner = use.feature.pooling
             total = tf.math.unsorted_segment_sum(
                 values, feature_ids.value_rowids(), feature_ids.nrows()
             )
@@ -562,7 +562,8 @@ class EmbeddingEngine(tf.Module):
         export serves."""
         table = self.physical_tables[index]
         keys, rows = table.rows.export()
-        return raw_keys(keys), rows[:, : table.spec.dim]
+        emb, slots, _, _ = table.layout.split(rows)
+        return raw_keys(keys), table.optimizer.serving_rows(emb, slots)
 
     def logical_rows(self) -> dict[str, LogicalRows]:
         """Every row, per logical table, with raw ids (numpy)."""
@@ -602,11 +603,13 @@ class EmbeddingEngine(tf.Module):
         return n
 
     def updated_rows(self, since_step: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-        """Per logical table: (raw ids, embeddings) of rows updated after `since_step`."""
+        """Per logical table: (raw ids, served embeddings) of rows updated after `since_step`."""
+        optimizers = {t.name: p.optimizer for p in self.physical_tables for t in p.spec.logical}
         out = {}
         for name, rows in self.logical_rows().items():
             fresh = rows.last_step > since_step
-            out[name] = (rows.ids[fresh], rows.emb[fresh])
+            served = optimizers[name].serving_rows(rows.emb[fresh], rows.slots[fresh])
+            out[name] = (rows.ids[fresh], np.asarray(served, np.float32))
         return out
 
     def table_stats(self) -> dict[str, dict]:

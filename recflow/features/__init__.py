@@ -4,7 +4,7 @@ The transforms import TensorFlow on first use; `recflow.features.fit.fit_normali
 does not.
 """
 
-_LAZY = {"normalize", "serving_dtype", "sparse_ids", "transform"}
+_LAZY = {"serving_dtype", "sparse_ids", "transform"}
 
 
 def __getattr__(name):
@@ -15,4 +15,4 @@ def __getattr__(name):
     raise AttributeError(f"module 'recflow.features' has no attribute {name!r}")
 
 
-__all__ = ["normalize", "serving_dtype", "sparse_ids", "transform"]
+__all__ = ["serving_dtype", "sparse_ids", "transform"]

@@ -24,7 +24,7 @@ from recflow.embedding import wire
 from recflow.embedding.engine import EmbeddingEngine
 from recflow.embedding.placement import Placement
 from recflow.features.transform import transform
-from recflow.models.heads import Head, heads_for
+from recflow.models.heads import Head, RetrievalHead, heads_for
 from recflow.models.inputs import feature_of, linear_key, mask_key
 
 
@@ -71,7 +71,7 @@ class RankingModel(keras.Model):
             if feature.name not in inputs:  # a retrieval tower sees only its side's features
                 continue
             value = inputs[feature.name]
-            if feature.kind == "sequence":
+            if feature.sequence_length is not None:
                 mask = tf.cast(inputs[mask_key(feature.name)], value.dtype)[:, :, None]
                 value = tf.reduce_sum(value * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
             out.append(value)
@@ -183,9 +183,10 @@ class RankingModel(keras.Model):
         Inside a `tf.while_loop` Keras cannot aggregate gradients across replicas
         (no `merge_call` in control flow). recflow runs one replica per process (a
         parameter-server worker too), so there is nothing to aggregate: each
-        variable takes the optimizer's own update step, on the variable's device.
-        Under parameter servers only the gradients travel there, packed into one
-        tensor per device (a cross-process tensor is one RPC).
+        variable takes what `apply_gradients` does (clipping, weight decay, the
+        optimizer's update step, constraints), on the variable's device. Under
+        parameter servers only the gradients travel there, packed into one tensor
+        per device (a cross-process tensor is one RPC).
         """
         pairs = [(g, v) for g, v in zip(grads, variables) if g is not None]
         if not pairs:
@@ -196,12 +197,17 @@ class RankingModel(keras.Model):
             return
         with tf.init_scope():
             optimizer.build([v for _, v in pairs])
+        clipped = optimizer._clip_gradients([g for g, _ in pairs])
+        pairs = [(g, v) for g, (_, v) in zip(clipped, pairs)]
         with tf.name_scope("dense_update"):
             for device, group in _by_device(pairs).items():
                 unpack = _pack([g for g, _ in group])
                 with tf.device(device):
+                    optimizer._apply_weight_decay([v for _, v in group])
                     for grad, (_, variable) in zip(unpack(), group):
                         optimizer._update_step(grad, variable)
+                        if variable.constraint is not None:
+                            variable.assign(variable.constraint(variable))
             with tf.device(optimizer.iterations.device):
                 optimizer.iterations.assign_add(1)
 
@@ -347,7 +353,8 @@ def build_model(config: Config, placement: Placement | None = None) -> RankingMo
     from recflow.models.registry import check_params, get_model_class
 
     cls = get_model_class(config.model.type)
-    retrieval = config.task.type == "retrieval"
+    heads = heads_for(config)
+    retrieval = any(isinstance(h, RetrievalHead) for h in heads)
     if retrieval and not issubclass(cls, RetrievalModel):
         raise ConfigError(
             "model.type",

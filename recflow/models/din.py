@@ -68,7 +68,7 @@ class DIN(RankingModel):
             if feature.name in attended:
                 continue
             value = inputs[feature.name]
-            if feature.kind == "sequence":
+            if feature.sequence_length is not None:
                 value = self.mean_pooling(value, mask=inputs[mask_key(feature.name)])
             fields.append(value)
         for unit, attention in zip(self.units, self.attention):
@@ -109,11 +109,11 @@ def _parse_attention(config, attention) -> tuple[list[_Unit], list[dict]]:
             if spec[key] not in names:
                 raise ValueError(f"{where}.{key}: no feature {spec[key]!r}")
         query, keys = names[spec["query"]], names[spec["keys"]]
-        if query.kind not in ("categorical", "multi_hot"):
+        if not query.is_sparse or query.sequence_length is not None:
             raise ValueError(
                 f"{where}.query: feature {query.name!r} is {query.kind}; expected a categorical or multi_hot feature"
             )
-        if keys.kind != "sequence":
+        if not keys.is_sparse or keys.sequence_length is None:
             raise ValueError(
                 f"{where}.keys: feature {keys.name!r} is {keys.kind}; expected a sequence feature"
             )

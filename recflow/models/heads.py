@@ -1,33 +1,77 @@
-"""Task heads, one class per task type: loss, output activation, metrics, serving output.
+"""Task heads and their registry: one class per head type owns its loss, output
+activation, metrics and export output.
 
-`heads_for(config)` builds them; `RankingModel` sums their weighted losses and
-returns `{head.output: head.activate(logits)}`.
+`task.type` (or `task.tasks[i].type`) names a head registered with
+`register_head("name")`, or a head of the user's own module as
+`"package.module:ClassName"`. `heads_for(config)` builds them; `RankingModel` sums
+their weighted losses and returns `{head.output: head.activate(logits)}`; the
+evaluator asks each head for its metrics of the collected labels and predictions;
+the export serves `head.export_output(logits)` under `head.output`.
 """
 
 from __future__ import annotations
 
 import functools
+import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
+import numpy as np
 import tensorflow as tf
 
+from recflow import metrics as metrics_lib
+from recflow.config import model_module
 from recflow.config.schema import Config, TaskConfig
+from recflow.errors import ConfigError
+
+Metric = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], float]
+
+_HEADS: dict[str, type[Head]] = {}
+
+
+def register_head(name: str):
+    """Class decorator: makes a `Head` subclass available as `task.type: name`."""
+
+    def wrap(cls):
+        if not (isinstance(cls, type) and issubclass(cls, Head)):
+            raise TypeError(f"{cls!r} is not a Head subclass")
+        if name in _HEADS and _HEADS[name] is not cls:
+            raise ValueError(f"a head named {name!r} is already registered ({_HEADS[name]!r})")
+        _HEADS[name] = cls
+        return cls
+
+    return wrap
+
+
+def registered_heads() -> list[str]:
+    return sorted(_HEADS)
 
 
 @dataclass(frozen=True)
 class Head:
-    """A task head: its label, loss, output activation, metrics and serving output.
+    """A task head: its label, loss, output activation, metrics and export output.
 
     Args:
         name: the tower's output key for multi-task models (and the output name).
         label: the label column.
         weight: the loss weight in a multi-task sum.
+
+    A subclass implements `loss`, and overrides `activate` (logits -> prediction)
+    when the prediction is not the logit itself. Its class attributes say what it
+    evaluates and exports: `output_name` (the output of a single-task model),
+    `metrics` (name -> `fn(labels, predictions, groups) -> float` over numpy arrays
+    of the whole split) and `default_metrics` (those computed when `task.metrics` is
+    not set).
     """
 
     name: str
     label: str
     weight: float = 1.0
-    type = ""  # the `task.type` this head implements (class attribute)
+
+    output_name: ClassVar[str] = "prediction"
+    metrics: ClassVar[Mapping[str, Metric]] = {}
+    default_metrics: ClassVar[tuple[str, ...]] = ()
 
     @property
     def output(self) -> str:
@@ -39,8 +83,8 @@ class Head:
         return outputs[self.name] if isinstance(outputs, dict) else outputs
 
     def loss(self, labels: tf.Tensor, logits) -> tf.Tensor:
-        """The mean loss of a batch."""
-        raise NotImplementedError
+        """The mean loss of a batch: `labels` [B] (or [B, 1]), `logits` [B, 1]."""
+        raise NotImplementedError(f"{type(self).__name__} must implement `loss`")
 
     def activate(self, logits: tf.Tensor) -> tf.Tensor:
         """Logits -> the prediction."""
@@ -50,20 +94,47 @@ class Head:
         """The serving output, `[batch, 1]`."""
         return tf.reshape(self.activate(logits), [-1, 1])
 
+    @classmethod
+    def accepts_metric(cls, name: str) -> bool:
+        """Whether `name` is a metric of this head."""
+        return name in cls.metrics
+
+    @classmethod
+    def expected_metrics(cls) -> str:
+        """The metric names this head accepts, for an error message."""
+        return f"one of {sorted(cls.metrics)}"
+
     def metric_names(self, task: TaskConfig) -> tuple[str, ...]:
         """The metrics evaluated for this head (`task.metrics` that apply, or the defaults)."""
-        return task.metric_names(self.type)
+        return tuple(m for m in (task.metrics or self.default_metrics) if self.accepts_metric(m))
+
+    def metric(self, name: str, labels: np.ndarray, predictions: np.ndarray, groups=None) -> float:
+        """One metric over a split's labels and predictions (`groups`: the `group_by`
+        feature's values, or None)."""
+        return float(self.metrics[name](labels, predictions, groups))
 
 
 def _flat(labels: tf.Tensor, logits: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     return tf.reshape(tf.cast(labels, tf.float32), [-1]), tf.reshape(logits, [-1])
 
 
+def _pointwise(fn) -> Metric:
+    return lambda labels, predictions, groups: fn(labels, predictions)
+
+
+@register_head("binary")
 @dataclass(frozen=True)
 class BinaryHead(Head):
     """A click (0/1) head: sigmoid cross-entropy, a probability."""
 
-    type = "binary"
+    output_name = "probability"
+    metrics = {
+        "auc": _pointwise(metrics_lib.auc),
+        "logloss": _pointwise(metrics_lib.logloss),
+        "gauc": metrics_lib.gauc,
+        "accuracy": _pointwise(metrics_lib.accuracy),
+    }
+    default_metrics = ("auc", "logloss")
 
     def loss(self, labels, logits):
         labels, logits = _flat(labels, logits)
@@ -73,21 +144,33 @@ class BinaryHead(Head):
         return tf.sigmoid(logits)
 
 
+@register_head("regression")
 @dataclass(frozen=True)
 class RegressionHead(Head):
     """A real-valued head: mean squared error, the logit itself."""
 
-    type = "regression"
+    metrics = {
+        "mse": _pointwise(metrics_lib.mse),
+        "mae": _pointwise(metrics_lib.mae),
+        "rmse": _pointwise(metrics_lib.rmse),
+    }
+    default_metrics = ("mse",)
 
     def loss(self, labels, logits):
         labels, logits = _flat(labels, logits)
         return tf.reduce_mean(tf.square(logits - labels))
 
 
+_RECALL = re.compile(r"recall@[1-9][0-9]*")
+
+
+@register_head("retrieval")
 @dataclass(frozen=True)
 class RetrievalHead(Head):
     """A two-tower head: in-batch softmax over query-candidate dot products
     (`retrieval_loss`); its logits are the tower's `{"query", "candidate"}` embeddings.
+    Its metrics (`recall@K`) are computed by the retrieval evaluation against every
+    distinct candidate of the split (`RetrievalModel`).
 
     Args:
         temperature: the dot products are divided by it (None: 1).
@@ -96,7 +179,8 @@ class RetrievalHead(Head):
 
     temperature: float | None = None
     logq_correction: bool = True
-    type = "retrieval"
+    output_name = "embeddings"
+    default_metrics = ("recall@10",)
 
     def logits_of(self, outputs):
         return outputs  # {"query": [B, d], "candidate": [B, d]}
@@ -109,8 +193,16 @@ class RetrievalHead(Head):
     def export_output(self, logits):
         raise NotImplementedError("a retrieval model exports a query and a candidate signature")
 
+    @classmethod
+    def accepts_metric(cls, name):
+        return isinstance(name, str) and name.isascii() and _RECALL.fullmatch(name) is not None
 
-HEADS = {cls.type: cls for cls in (BinaryHead, RegressionHead, RetrievalHead)}
+    @classmethod
+    def expected_metrics(cls):
+        return "'recall@K' with K a positive integer"
+
+    def metric(self, name, labels, predictions, groups=None):
+        raise NotImplementedError("recall@K is computed by the retrieval evaluation")
 
 
 def in_batch_candidates(candidate: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -177,10 +269,39 @@ def retrieval_loss(
     return total / tf.maximum(tf.reduce_sum(weight), 1.0)
 
 
+def head_class(type_name: str, path: str = "task.type") -> type[Head]:
+    """The head class of a task type: a registered name or `module:ClassName`."""
+    if model_module.is_class_path(type_name):
+        return model_module.import_class(type_name, path, Head)
+    if type_name not in _HEADS:
+        raise ConfigError(
+            path, f"no head {type_name!r} (registered: {', '.join(registered_heads())}; "
+            "or 'package.module:ClassName')"
+        )
+    return _HEADS[type_name]
+
+
 def heads_for(config: Config) -> list[Head]:
-    """The heads of a config's task: one per task of a multi-task config."""
+    """The heads of a config's task: one per task of a multi-task config.
+
+    Raises:
+        ConfigError: an unknown head, or a `task.metrics` entry that no head computes.
+    """
     task = config.task
     if task.type == "multitask":
-        return [HEADS[t.type](t.name, t.label, t.weight) for t in task.tasks]
-    name = {"binary": "probability", "regression": "prediction", "retrieval": "embeddings"}[task.type]
-    return [HEADS[task.type](name, config.data.label[0])]
+        heads = [
+            head_class(t.type, f"task.tasks[{i}].type")(t.name, t.label, t.weight)
+            for i, t in enumerate(task.tasks)
+        ]
+    else:
+        cls = head_class(task.type)
+        heads = [cls(cls.output_name, config.data.label[0])]
+    for i, metric in enumerate(task.metrics or ()):
+        if not any(h.accepts_metric(metric) for h in heads):
+            kinds = {type(h) for h in heads}
+            if len(kinds) == 1:
+                expected = next(iter(kinds)).expected_metrics()
+            else:
+                expected = f"one of {sorted({m for k in kinds for m in k.metrics})}"
+            raise ConfigError(f"task.metrics[{i}]", f"expected {expected}, got {metric!r}")
+    return heads

@@ -6,8 +6,8 @@ dim must not read a trained model's rows from the wrong slots or its weights
 into the wrong places. `structure(model)` describes everything that fixes the
 meaning of the variables:
 
-- `features`: kind, id dtype and logical table of each feature (sequences: their
-  `max_len`; numeric: their normalizer's type and bucket boundaries);
+- `features`: each feature's `identity()`: its kind, id dtype and logical table
+  (sequences: their `max_len`; numeric: their normalizer's type and bucket boundaries);
 - `tables`: dim and sparse optimizer type (the row layout) of each logical table;
 - `fusion`: which logical tables share each physical table, in slot order;
 - `model`: class and params; `task`: type and heads; the dense optimizer type;
@@ -37,20 +37,7 @@ def structure(model) -> dict:
     """The identity of a built `RankingModel` (plain JSON-able values)."""
     config = model.config
     engine = model.embedding
-    features = {}
-    for f in config.features:
-        entry: dict[str, Any] = {"kind": f.kind}
-        if f.is_sparse:
-            entry.update(dtype=f.dtype, table=f.table_name)
-            if f.kind == "sequence":
-                entry["max_len"] = f.max_len
-            if f.kind == "multi_hot":
-                entry["combiner"] = f.combiner
-        elif f.normalizer is not None:
-            entry["normalizer"] = f.normalizer.type
-            if f.normalizer.type == "bucketize":
-                entry["boundaries"] = list(f.normalizer.boundaries)
-        features[f.name] = entry
+    features = {f.name: f.identity() for f in config.features}
     tables, fusion = {}, {}
     for physical in engine.plan:
         fusion[physical.name] = [t.name for t in physical.logical]
@@ -66,13 +53,18 @@ def structure(model) -> dict:
             "type": task.type,
             "heads": {t.name: {"label": t.label, "type": t.type} for t in task.tasks},
         },
-        "dense_optimizer": config.train.optimizer.type,
+        "dense_optimizer": _dense_optimizer(config.train.optimizer.type),
         "parameter_servers": engine.placement.num_shards,
     }
 
 
 # Recorded, but free to change on resume: the restore adapts to them.
 _ELASTIC = frozenset({"parameter_servers"})
+
+
+def _dense_optimizer(type_name: str) -> str:
+    """`train.optimizer.type` as the class it names: Keras names are read in any case."""
+    return type_name if ":" in type_name else type_name.lower()
 
 
 def dumps(value: dict) -> str:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import inspect
-import sys
 from collections.abc import Mapping
 
 from recflow.config import model_module
@@ -36,19 +34,6 @@ def _load_zoo() -> None:
     importlib.import_module("recflow.models.zoo")
 
 
-@contextlib.contextmanager
-def _importable_from(folder: str | None):
-    """`folder` first on `sys.path` while a user module (and what it imports) loads."""
-    if folder is None:
-        yield
-        return
-    sys.path.insert(0, folder)
-    try:
-        yield
-    finally:
-        sys.path.remove(folder)  # the first occurrence: the one inserted above
-
-
 def get_model_class(type_name: str) -> type:
     """Resolves `model.type`; errors name the config path.
 
@@ -58,27 +43,13 @@ def get_model_class(type_name: str) -> type:
     """
     from recflow.models.base import RankingModel
 
-    if ":" in type_name:
-        module_name, _, class_name = type_name.partition(":")
-        if not module_name or module_name.startswith(".") or not class_name:
-            raise ConfigError(
-                "model.type",
-                f"expected an absolute 'package.module:ClassName', got {type_name!r}",
-            )
-        try:
-            with _importable_from(model_module.folder_of(module_name)):
-                module = importlib.import_module(module_name)
-        except ImportError as e:
-            raise ConfigError("model.type", f"cannot import {module_name!r} ({e})") from None
-        cls = getattr(module, class_name, None)
-        if cls is None:
-            raise ConfigError("model.type", f"module {module_name!r} has no class {class_name!r}")
-    else:
-        _load_zoo()
-        if type_name not in _MODELS:
-            known = ", ".join(sorted(_MODELS))
-            raise ConfigError("model.type", f"no model {type_name!r} (registered: {known})")
-        cls = _MODELS[type_name]
+    if model_module.is_class_path(type_name):
+        return model_module.import_class(type_name, "model.type", RankingModel, "RankingModel")
+    _load_zoo()
+    if type_name not in _MODELS:
+        known = ", ".join(sorted(_MODELS))
+        raise ConfigError("model.type", f"no model {type_name!r} (registered: {known})")
+    cls = _MODELS[type_name]
     if not (isinstance(cls, type) and issubclass(cls, RankingModel)):
         raise ConfigError("model.type", f"{type_name!r} is not a RankingModel subclass")
     return cls

@@ -14,9 +14,9 @@ import numpy as np
 import tensorflow as tf
 
 from recflow import data as data_lib
+from recflow import metrics as metrics_lib
 from recflow.features.transform import transform
-from recflow.models.heads import RetrievalHead
-from recflow.training import metrics as metrics_lib
+from recflow.models.base import RetrievalModel
 
 EVAL_BATCH = 16384  # rows per evaluation batch (at least the training batch)
 
@@ -52,7 +52,7 @@ class Evaluator:
 
     def evaluate(self) -> dict:
         """Exact metrics over the split; `eval_split`, `eval_examples`, `eval_bad_records`."""
-        if isinstance(self.model.heads[0], RetrievalHead):
+        if isinstance(self.model, RetrievalModel):
             return self._evaluate_retrieval()
         config, model, split = self.config, self.model, self.split
         dataset = self._transformed(data_lib.make_dataset(config, split, epochs=1, shuffle=False))
@@ -79,7 +79,7 @@ class Evaluator:
             result["eval_examples"] = int(y.size)
             prefix = "" if len(model.heads) == 1 else f"{head.name}/"
             for name in head.metric_names(config.task):
-                value = metrics_lib.compute(name, y, p, g) if y.size else float("nan")
+                value = head.metric(name, y, p, g) if y.size else float("nan")
                 result[prefix + name] = round(value, 6)
         result["eval_bad_records"] = bad
         return result

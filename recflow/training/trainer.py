@@ -21,7 +21,7 @@ import tf_keras as keras
 from recflow import data as data_lib
 from recflow.atomic import write_json
 from recflow.config.loader import dump_config
-from recflow.config.schema import Config, DenseOptimizerConfig
+from recflow.config.schema import Config
 from recflow.data.pipeline import NONFINITE, TRUNCATED, reused
 from recflow.embedding import lifecycle, reshard
 from recflow.embedding.engine import check_checkpoint
@@ -40,24 +40,13 @@ from recflow.training.callbacks import (
     default_callbacks,
     write_evaluation,
 )
+from recflow.training.dense_optimizer import make_dense_optimizer
 from recflow.training.evaluator import Evaluator
 from recflow.training.progress import Progress, pass_position
 from recflow.training.runner import LocalRunner, StepReport
 from recflow.training.timing import Timing
 
 logger = logging.getLogger(__name__)
-
-_DENSE_OPTIMIZERS = {
-    "adam": keras.optimizers.Adam,
-    "adagrad": keras.optimizers.Adagrad,
-    "sgd": keras.optimizers.SGD,
-    "ftrl": keras.optimizers.Ftrl,
-}
-
-
-def make_dense_optimizer(config: DenseOptimizerConfig) -> keras.optimizers.Optimizer:
-    return _DENSE_OPTIMIZERS[config.type](learning_rate=config.learning_rate)
-
 
 def saved_value(checkpoint_dir: str, name: str):
     """A top-level variable of the newest readable checkpoint, read without building a model."""

@@ -123,11 +123,3 @@ def distinct_rows(columns) -> tuple[np.ndarray, np.ndarray]:
     _, first = np.unique(index, return_index=True)
     return index, first
 
-
-def compute(name: str, labels, predictions, groups=None) -> float:
-    """One named metric (`task.metrics` names)."""
-    if name == "gauc":
-        return gauc(labels, predictions, groups)
-    return {"auc": auc, "logloss": logloss, "accuracy": accuracy, "mse": mse, "mae": mae, "rmse": rmse}[
-        name
-    ](labels, predictions)
