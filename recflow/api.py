@@ -63,7 +63,7 @@ def _override_items(overrides) -> list[str]:
 
 
 def make_trainer(config: Config, verbose: int = 0, callbacks=None, warm_start: str | None = None):
-    """The trainer of a config: a `Trainer`, or a `PSTrainer` on the chief of a PS cluster.
+    """The trainer of a config: a `Trainer` (on the chief of a PS cluster, one whose steps run on the workers).
 
     A PS or worker task (from TF_CONFIG) serves until it is stopped and then exits.
     `warm_start`: see `train`.
@@ -80,9 +80,9 @@ def make_trainer(config: Config, verbose: int = 0, callbacks=None, warm_start: s
         if not role.coordinates:
             serve(role)  # ps and worker tasks serve until they are stopped
             raise SystemExit(0)
-        from recflow.distribute.ps_trainer import PSTrainer
+        from recflow.distribute.ps_runner import ps_trainer
 
-        return PSTrainer(config, role, verbose=verbose, callbacks=callbacks)
+        return ps_trainer(config, role, verbose=verbose, callbacks=callbacks)
     from recflow.training.trainer import Trainer
 
     return Trainer(config, verbose=verbose, callbacks=callbacks, warm_start=warm_start)

@@ -8,7 +8,7 @@ Per setup (1 PS + 1 worker, 2 + 2, 4 + 4; real `recflow launch` clusters on loop
    `timing.steady_examples_per_sec`), each against the single process; examples trained
    and `examples_read` (rows read from the data by all workers; 1.00x the rows per epoch
    means each row was read once), and AUC; 1 PS + 1 worker also with
-   `train.prefetch_embeddings` (README "Prefetching embeddings").
+   `train.prefetch_embeddings` (docs/distributed.md, "Prefetching embeddings").
 2. Per step and worker, from the step as a worker runs it in a chunk's loop, traced on an
    in-process cluster of P PS tasks (dense weights on PS 0; DESIGN.md section 7: one lookup
    and one insert per physical table and shard): tensor transfers between the worker and

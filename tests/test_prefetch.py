@@ -15,9 +15,9 @@ import tf_keras as keras
 
 from recflow.config import config_from_dict
 from recflow.data.pipeline import NONFINITE, TRUNCATED
+from recflow.distribute.chunk import train_chunk
 from recflow.embedding.placement import ModPlacement
 from recflow.models import build_model
-from recflow.training.chunk import train_chunk
 from recflow.training.dense_optimizer import make_dense_optimizer
 
 BATCH = 32

@@ -195,7 +195,7 @@ def test_a_wave_gives_every_worker_a_chunk_and_stops_at_the_next_hook():
     worker (a wave with one chunk would leave the other workers idle)."""
     from recflow.config import load_config
     from recflow.distribute import splits as splits_lib
-    from recflow.training.runner import PSRunner
+    from recflow.distribute.ps_runner import PSRunner
 
     config = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "deepfm_demo.yaml"), [
         "data.synthetic={rows: 32000, eval_rows: 10, seed: 1, schema: demo}", "data.batch_size=64",

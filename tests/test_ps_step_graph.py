@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent(
     from recflow.embedding.placement import ModPlacement
     from recflow.features.transform import transform
     from recflow.models import build_model
-    from recflow.training.chunk import Prefetch, train_chunk
+    from recflow.distribute.chunk import Prefetch, train_chunk
     from recflow.training.dense_optimizer import make_dense_optimizer
     from recflow.data.pipeline import NONFINITE, TRUNCATED
 
@@ -111,7 +111,7 @@ RUN_ON_A_WORKER = textwrap.dedent(
     from recflow.embedding.placement import ModPlacement
     from recflow.features.transform import transform
     from recflow.models import build_model
-    from recflow.training.chunk import train_chunk
+    from recflow.distribute.chunk import train_chunk
     from recflow.training.dense_optimizer import make_dense_optimizer
 
     chief, ps_port, worker_port = free_ports(3)

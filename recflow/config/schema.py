@@ -881,7 +881,7 @@ class TrainConfig:
     seed: int = 7
     xla: bool = False  # compile the tower's forward and backward pass with XLA
     # Parameter servers: each step looks up the next batch's rows while it computes
-    # (README "Prefetching embeddings").
+    # (docs/distributed.md, "Prefetching embeddings").
     prefetch_embeddings: bool = False
 
     def validate(self) -> None:

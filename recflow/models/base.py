@@ -144,7 +144,7 @@ class RankingModel(keras.Model):
 
         Args:
             data: (features, labels, bad-record count), one batch.
-            prefetch: a `recflow.training.chunk.Prefetch` from a caller that
+            prefetch: a `recflow.distribute.chunk.Prefetch` from a caller that
                 prefetches: the batch's rows are read from its staging slot, and
                 the next batch's are looked up while this step computes, brought
                 up to date with its writes (`embedding.refresh`) and staged.

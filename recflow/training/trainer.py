@@ -76,6 +76,10 @@ class Trainer:
         warm_start: a model dir whose rows and weights a new model dir starts from,
             wherever they still fit (see `recflow.training.warm_start`); ignored once
             the model dir has a checkpoint (a restart resumes it).
+        strategy: a `tf.distribute` strategy the model and its runner are built in
+            (`recflow.distribute.ps_runner.ps_trainer` gives the parameter-server one).
+        make_runner: `(config, model, transformed) -> runner` of `fit`'s steps; default
+            a `LocalRunner` in this process.
     """
 
     def __init__(
@@ -86,6 +90,8 @@ class Trainer:
         placement: Placement | None = None,
         callbacks=None,
         warm_start: str | None = None,
+        strategy=None,
+        make_runner: Callable | None = None,
     ):
         self.model_dir = model_dir or config.train.model_dir
         self.verbose = verbose
@@ -103,9 +109,12 @@ class Trainer:
         self.config = config
         self.timing = Timing()
         keras.utils.set_random_seed(config.train.seed)  # dense initial weights, dropout
-        self.model: RankingModel = build_model(config, placement)
-        self.model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
-        self.model.build_weights()  # before any step is traced: the step traces once
+        self.strategy = strategy
+        self._make_runner = make_runner
+        with self._scope():
+            self.model: RankingModel = build_model(config, placement)
+            self.model.compile(optimizer=make_dense_optimizer(config.train.optimizer))
+            self.model.build_weights()  # before any step is traced: the step traces once
         self.model.train_step = self.timing.traced(self.model.train_step)
         self._evaluator: Evaluator | None = None  # one per trainer: its predict traces once
         self._exporter = Exporter(self.model)  # one serving module, refreshed per export
@@ -395,9 +404,15 @@ class Trainer:
 
     # ------------------------------------------------------------------ train
 
+    def _scope(self):
+        return self.strategy.scope() if self.strategy is not None else contextlib.nullcontext()
+
     def make_runner(self):
-        """The step runner of `fit`: a `LocalRunner` (`PSTrainer` runs steps on workers)."""
-        return LocalRunner(self.config, self.model, self.epoch_dataset, self.train_files())
+        """The step runner of `fit`: `make_runner`'s, else a `LocalRunner`."""
+        if self._make_runner is None:
+            return LocalRunner(self.config, self.model, self.epoch_dataset, self.train_files())
+        with self._scope():
+            return self._make_runner(self.config, self.model, self._transformed)
 
     def fit(self) -> dict:
         """Trains to `train.steps` / `train.epochs` (totals), resuming from the latest checkpoint.

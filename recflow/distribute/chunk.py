@@ -11,7 +11,7 @@ batch's rows, on the parameter servers while it computes its own, and leaves
 them there in a staging slot for the next step (`recflow.embedding.staging`).
 Rows that both batches touch are first taken from what the step wrote
 (`EmbeddingEngine.refresh`), so a chunk trains exactly as one `train_step` after
-another would (README "Prefetching embeddings").
+another would (docs/distributed.md, "Prefetching embeddings").
 """
 
 from __future__ import annotations
