@@ -272,6 +272,34 @@ def served_predictions(port, rows):
     return np.array(out["predictions"]).reshape(-1)
 
 
+class Watcher:
+    """A client asking for `rows`' predictions in a loop on its own thread until `stop()`,
+    which returns every answer (all must be 200)."""
+
+    def __init__(self, port, rows):
+        import threading
+
+        self.answers, self.failures = [], []
+        self._stop = threading.Event()
+
+        def loop():
+            while not self._stop.is_set():
+                status, out = http(port, "/v1/models/m:predict", {"instances": instances(rows)})
+                if status == 200:
+                    self.answers.append(np.array(out["predictions"]).reshape(-1))
+                else:
+                    self.failures.append((status, out))
+
+        self._thread = threading.Thread(target=loop, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+        assert not self.failures, self.failures[:3]
+        return self.answers
+
+
 def copy_delta(src, dst, step=None, since=None, sequence=None, **manifest_changes):
     """Copies a delta dir, optionally renumbered (written to a temp dir, then renamed)."""
     import shutil
@@ -315,6 +343,8 @@ def test_server_follows_exports_and_deltas_and_survives_kill_9(trained, tmp_path
         assert http(port, "/v1/models/m/versions/3:predict", {"inputs": columns})[0] == 404
 
         # Deltas 6 and 8 appear: applied in place, in order; the model equals export 8.
+        # Meanwhile a client keeps asking: every answer is some full export's, never a mix.
+        watcher = Watcher(port, held)
         for step in (6, 8):
             shutil.copytree(source / "deltas" / str(step), served / "deltas" / str(step))
         wait_for(port, lambda h: h["step"] == 8 and h["version"] == 4, "deltas 6, 8 applied")
@@ -328,6 +358,11 @@ def test_server_follows_exports_and_deltas_and_survives_kill_9(trained, tmp_path
         wait_for(port, lambda h: h["version"] == 12, "export 12 swapped in")
         expected12 = export_predictions(source / "export" / "12", held)
         np.testing.assert_allclose(served_predictions(port, held), expected12, rtol=0, atol=1e-6)
+        answers = watcher.stop()
+        steps = {s: export_predictions(source / "export" / str(s), held) for s in (4, 6, 8, 12)}
+        matched = [[s for s, want in steps.items() if np.max(np.abs(got - want)) <= 1e-6] for got in answers]
+        assert answers and all(matched), f"{sum(not m for m in matched)} of {len(answers)} answers match no export"
+        assert matched[-1] == [12]
         server.send_signal(signal.SIGKILL)
         server.wait()
         server = start_server(served, port, log)

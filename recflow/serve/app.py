@@ -1,8 +1,8 @@
 """The REST app: TF Serving's predict / status / metadata API, health and metrics.
 
 Each `:predict` request is parsed, checked and run in a worker thread, as one
-call of the served model's `serving_default` (no micro-batching: see README
-"Serving and online updates" for the measurement). Nothing here changes the model.
+call of the served model's `serving_default` (no micro-batching: see
+docs/serving.md for the measurement). Nothing here changes the model.
 """
 
 from __future__ import annotations
@@ -145,6 +145,13 @@ def build_app(follower: ModelFollower, model_name: str) -> Starlette:
           registry=registry).set_function(lambda: follower.delta_failures)
     Gauge("recflow_serve_model_loads", "exports loaded", registry=registry).set_function(
         lambda: follower.loads)
+    timings = {
+        "apply": Histogram("recflow_serve_delta_apply_seconds", "write-lock hold of one delta's apply_delta",
+                           registry=registry, buckets=(.0005, .001, .002, .005, .01, .02, .05, .1, .2)),
+        "load": Histogram("recflow_serve_export_load_seconds", "loading and warming up an export before its swap",
+                          registry=registry, buckets=(.1, .2, .5, 1, 2, 5, 10, 30)),
+    }
+    follower.observe = lambda what, seconds: timings[what].observe(seconds)
 
     def error(status: int, message: str, endpoint: str) -> JSONResponse:
         requests.labels(endpoint, str(status)).inc()

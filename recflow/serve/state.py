@@ -3,8 +3,10 @@
 `ModelFollower` holds the `Served` model (one loaded export, plus the deltas
 applied to it) and a thread that polls the model dir:
 
-- a newer export version is loaded beside the served one and swapped in with one
-  reference assignment: a request that already holds the old one finishes on it;
+- a newer export version is loaded beside the served one, warmed up (`warm_up`)
+  and swapped in with one reference assignment: a request that already holds the
+  old one finishes on it; the old one is released (and its memory collected) on
+  the follower's thread once no request is inside it, never on a request's;
 - the next delta of the chain is read, checked (file hashes, structure
   fingerprint, shapes) and applied in place with the export's own `apply_delta`,
   under the write side of a readers-writer lock, so no prediction sees half a delta;
@@ -17,6 +19,7 @@ applied to it) and a thread that polls the model dir:
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import io
 import json
@@ -24,11 +27,16 @@ import logging
 import os
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 logger = logging.getLogger(__name__)
+
+
+RETIRE_SECONDS = 1.0  # a swapped-out export is released this long after the swap
 
 
 class RWLock:
@@ -113,6 +121,39 @@ def load_export(path: str) -> Served:
                   step=int(module.global_step.numpy()))
 
 
+def warm_up(served: Served) -> None:
+    """Calls a loaded export's `serving_default` and `apply_delta` once each before it is
+    served, changing nothing.
+
+    The first call of a loaded function instantiates (optimizes) its graph: ~0.1 s
+    each here, which would stall the first requests after a swap and hold the write
+    lock of the first delta applied to it. `serving_default` gets rows of empty raw
+    values (the ones an export feeds a feature a signature leaves out); `apply_delta`
+    an empty delta, which its own size check of `dense` refuses before any write
+    (or, for a model without dense weights, a delta that changes nothing).
+
+    Raises:
+        RuntimeError: the warm-up changed the model's step (it never should).
+    """
+    import tensorflow as tf
+
+    specs = served.signature.structured_input_signature[1]
+    empty = {tf.int64: -1, tf.string: "", tf.float32: float("nan")}
+    for rows in (1, 256):
+        served.signature(**{k: tf.fill([rows], tf.constant(empty[s.dtype], s.dtype))
+                            for k, s in specs.items()})
+    if not hasattr(served.module, "apply_delta"):
+        return
+    spec = served.module.apply_delta.structured_input_signature[0][0]
+    delta = {k: tf.zeros([0, *s.shape.as_list()[1:]], s.dtype) for k, s in spec.items() if k != "step"}
+    try:
+        served.module.apply_delta({**delta, "step": tf.constant(served.step, tf.int64)})
+    except tf.errors.InvalidArgumentError:
+        pass  # refused by the size check, as intended
+    if int(served.module.global_step.numpy()) != served.step:
+        raise RuntimeError("the warm-up of apply_delta changed the model")
+
+
 def _numbered(folder: str) -> list[int]:
     return sorted(int(d) for d in os.listdir(folder) if re.fullmatch(r"\d+", d))
 
@@ -176,6 +217,8 @@ class ModelFollower:
         self.model_dir = model_dir
         self.poll_seconds = poll_seconds
         self.served: Served | None = None
+        self.retired: list[tuple[float, Served]] = []  # (when swapped out, the export)
+        self.observe: Callable[[str, float], None] = lambda what, seconds: None  # "load", "apply"
         self.loads = 0
         self.deltas_applied = 0
         self.delta_failures = 0
@@ -205,18 +248,39 @@ class ModelFollower:
             self._load(exports[-1])
         while self.served is not None and self._apply_next(exports):
             pass
+        self._release_retired()
 
     def _load(self, version: int) -> bool:
         path = os.path.join(self.model_dir, "export", str(version))
+        start = time.perf_counter()
         try:
             served = load_export(path)
+            warm_up(served)
         except Exception as exc:  # noqa: BLE001 - any unreadable export keeps the old one
             self._once("%s: cannot load (%s); serving the last good state", path, exc)
             return False
+        self.observe("load", time.perf_counter() - start)
+        if self.served is not None:
+            self.retired.append((time.monotonic(), self.served))
         self.served = served  # the swap: requests holding the old one finish on it
         self.loads += 1
         logger.info("serving %s (step %d)", path, served.step)
         return True
+
+    def _release_retired(self) -> None:
+        """Drops exports swapped out a second ago or more, once no request is inside
+        them (the write lock waits for the last one), and collects them here: a loaded
+        SavedModel is cyclic garbage, and a collection on a request's thread stalls it."""
+        now = time.monotonic()
+        due = [old for swapped, old in self.retired if now - swapped >= RETIRE_SECONDS]
+        if not due:
+            return
+        self.retired = [(t, old) for t, old in self.retired if now - t < RETIRE_SECONDS]
+        for old in due:
+            old.lock.acquire_write()
+            old.lock.release_write()
+        del due, old
+        gc.collect()
 
     def _manifest(self, folder: str) -> dict | None:
         path = os.path.join(folder, "manifest.json")
@@ -265,12 +329,14 @@ class ModelFollower:
         if folder in self._bad and self._bad[folder] == self._manifests[folder][0]:
             return False
         try:
-            manifest, feed = read_delta(folder, served)
+            manifest, feed = read_delta(folder, served)  # outside the lock: files, hashes, tensors
             served.lock.acquire_write()
+            start = time.perf_counter()
             try:
                 served.module.apply_delta(feed)
             finally:
                 served.lock.release_write()
+                self.observe("apply", time.perf_counter() - start)
         except Exception as exc:  # noqa: BLE001 - a bad delta never stops serving
             self._bad[folder] = self._manifests[folder][0]
             self.delta_failures += 1
