@@ -23,6 +23,21 @@ from recflow.errors import ConfigError
 _FOLDERS: dict[str, str] = {}  # top-level module name -> the folder it was found in
 
 
+def register(table: dict, name: str, cls, base: type | None, what: str) -> None:
+    """Adds `cls` under `name` to a registry `table` (models, heads, feature kinds,
+    sparse optimizers): the one check of every `register_*` decorator.
+
+    Raises:
+        TypeError: `cls` is not a subclass of `base` (when given).
+        ValueError: `name` already names another class.
+    """
+    if base is not None and not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{cls!r} is not a {base.__name__} subclass")
+    if table.get(name, cls) is not cls:
+        raise ValueError(f"a {what} named {name!r} is already registered ({table[name]!r})")
+    table[name] = cls
+
+
 def is_class_path(type_name: object) -> bool:
     """Whether a config value names a class as `module:ClassName`."""
     return isinstance(type_name, str) and ":" in type_name

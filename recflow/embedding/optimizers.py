@@ -39,10 +39,8 @@ def register_sparse_optimizer(name: str):
     """
 
     def wrap(cls):
-        if not (isinstance(cls, type) and issubclass(cls, SparseOptimizer)):
-            raise TypeError(f"{cls!r} is not a SparseOptimizer subclass")
-        if name in _OPTIMIZERS and _OPTIMIZERS[name] is not cls:
-            raise ValueError(f"a sparse optimizer named {name!r} is already registered")
+        # checked on a copy first: nothing is registered unless its config class is too
+        model_module.register(dict(_OPTIMIZERS), name, cls, SparseOptimizer, "sparse optimizer")
         register_choice(OptimizerSpec, name, cls.config_class)
         _OPTIMIZERS[name] = cls
         return cls

@@ -43,10 +43,8 @@ def register_feature_kind(name: str):
     """
 
     def wrap(cls):
-        if not (isinstance(cls, type) and issubclass(cls, FeatureKind)):
-            raise TypeError(f"{cls!r} is not a FeatureKind subclass")
-        if name in _KINDS and _KINDS[name] is not cls:
-            raise ValueError(f"a feature kind named {name!r} is already registered")
+        # checked on a copy first: nothing is registered unless its config class is too
+        model_module.register(dict(_KINDS), name, cls, FeatureKind, "feature kind")
         register_choice(Feature, name, cls.config_class)
         _KINDS[name] = cls
         return cls

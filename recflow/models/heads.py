@@ -34,11 +34,7 @@ def register_head(name: str):
     """Class decorator: makes a `Head` subclass available as `task.type: name`."""
 
     def wrap(cls):
-        if not (isinstance(cls, type) and issubclass(cls, Head)):
-            raise TypeError(f"{cls!r} is not a Head subclass")
-        if name in _HEADS and _HEADS[name] is not cls:
-            raise ValueError(f"a head named {name!r} is already registered ({_HEADS[name]!r})")
-        _HEADS[name] = cls
+        model_module.register(_HEADS, name, cls, Head, "head")
         return cls
 
     return wrap

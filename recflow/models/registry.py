@@ -16,9 +16,7 @@ def register_model(name: str):
     """Class decorator: makes a `RankingModel` subclass available as `model.type: name`."""
 
     def wrap(cls):
-        if name in _MODELS and _MODELS[name] is not cls:
-            raise ValueError(f"a model named {name!r} is already registered ({_MODELS[name]!r})")
-        _MODELS[name] = cls
+        model_module.register(_MODELS, name, cls, None, "model")
         cls.registered_name = name
         return cls
 
