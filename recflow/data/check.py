@@ -202,7 +202,7 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
 
 
 def _report(config, files, read, bad, first_bad, stats) -> dict:
-    from recflow.features.fit import fit_normalizer
+    from recflow.data.fit import fit_normalizer
 
     report: dict = {"files": len(files), "rows_read": read, "bad_rows": bad, "first_bad": first_bad}
     features, labels, problems, advice = [], [], [], []

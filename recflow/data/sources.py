@@ -84,7 +84,7 @@ class Need:
 
 def leading_values(text: str, separator: str, limit: int) -> list[str]:
     """The first `limit + 1` non-empty values of a separator-joined text, found without
-    splitting all of it (the Python twin of `pipeline.first_values`): more than `limit`
+    splitting all of it (the Python twin of `records.first_values`): more than `limit`
     values back means the row is cut."""
     runs = re.compile(f"(?:{re.escape(separator)})+")
     pieces = runs.split(text, maxsplit=limit + 2)[: limit + 2]  # the rest stays one piece

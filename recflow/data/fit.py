@@ -58,7 +58,9 @@ def _skewness(x: np.ndarray) -> float:
 
 def sample_numbers(config: Config, names: list[str]) -> dict[str, np.ndarray]:
     """Raw values of numeric features over the first `data.sample_rows` training rows."""
-    from recflow.data.pipeline import make_dataset
+    from recflow.data.pipeline import (
+        make_dataset,  # loads TensorFlow; `recflow check` fits without it
+    )
 
     ds = make_dataset(config, "train", epochs=1, shuffle=False)
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
