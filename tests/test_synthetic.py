@@ -1,5 +1,6 @@
 """Tests of recflow.data.synthetic: schemas, determinism, planted truth, AUC."""
 
+import dataclasses
 import re
 
 import numpy as np
@@ -175,3 +176,25 @@ def test_sequence_label_depends_on_the_category_in_the_history():
     labels = cols["label"]
     assert 0.2 < appears.mean() < 0.8
     assert labels[appears].mean() > 2.5 * labels[~appears].mean()
+
+
+def test_train_chunks_follow_one_truth_in_chunks():
+    """`train_chunks` yields `rows` rows in chunks, each chunk its own draw of the same
+    planted truth: its ids come from the vocabularies `generate` draws from (the same
+    seed), none from another seed's, and its labels click at about the same rate."""
+    options = SyntheticOptions(rows=2500, eval_rows=10, seed=3, schema="criteo")
+    chunks = list(synthetic.train_chunks(options, 1000))
+    assert [len(c["label"]) for c in chunks] == [1000, 1000, 500]
+    reference, _ = synthetic.generate(dataclasses.replace(options, rows=20000), "train")
+    other, _ = synthetic.generate(dataclasses.replace(options, rows=20000, seed=4), "train")
+    assert set(chunks[0]) == set(reference)
+    small = sorted((len(set(reference[f"C{i}"])), f"C{i}") for i in range(1, 27))[:5]
+    for _, column in small:  # vocabularies of 10 to ~50 ids: the reference draws them all
+        seen = {v for c in chunks for v in c[column] if v}
+        assert seen and seen <= set(reference[column])
+        assert not seen & set(other[column])
+    assert not np.array_equal(chunks[0]["C1"], chunks[1]["C1"][: 1000])
+    rate = np.mean(np.concatenate([c["label"] for c in chunks]))
+    assert abs(rate - np.mean(reference["label"])) < 0.03
+    again = list(synthetic.train_chunks(options, 1000))
+    assert all(np.array_equal(a["I1"], b["I1"], equal_nan=True) for a, b in zip(chunks, again))

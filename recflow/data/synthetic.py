@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 from typing import Callable
 
 import numpy as np
@@ -72,6 +73,21 @@ def generate(options: SyntheticOptions, split: str) -> tuple[dict[str, np.ndarra
     """
     cols, oracle, _ = _split(options, split)
     return dict(cols), oracle
+
+
+def train_chunks(options: SyntheticOptions, chunk_rows: int) -> Iterator[dict[str, np.ndarray]]:
+    """The `options.rows` training rows in chunks of up to `chunk_rows`, for sets too big
+    to hold at once. Every chunk follows the same planted truth as `generate` (so its
+    eval split scores them), each with its own random stream: the rows are not
+    `generate`'s."""
+    truth, sampler, scale, offset = _truth(options.schema, options.seed)
+    label = _LABELS[options.schema][0]
+    for chunk, start in enumerate(range(0, options.rows, chunk_rows)):
+        n = min(chunk_rows, options.rows - start)
+        rng = np.random.default_rng([options.seed, 4, chunk])
+        cols, signal = sampler(truth, rng, n)
+        prob = 1.0 / (1.0 + np.exp(-(scale * signal + offset)))
+        yield {label: (rng.random(n) < prob).astype(np.int64), **cols}
 
 
 def oracle_auc(options: SyntheticOptions, split: str) -> float:
