@@ -101,7 +101,7 @@ def test_export_serves_in_plain_tensorflow_and_matches(trained, tmp_path):
     from recflow.training.trainer import Trainer
 
     trainer = Trainer(config, model_dir=str(trained), verbose=0)
-    assert trainer.restore() == 12
+    assert trainer.model_dir.restore() == 12
     feed = {k: tf.constant(v.tolist() if v.dtype == object else v) for k, v in raw.items()}
     in_process = trainer.model.predict_raw(feed)["probability"].numpy().reshape(-1)
     np.testing.assert_allclose(served, in_process, rtol=1e-5, atol=1e-6)

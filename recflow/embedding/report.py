@@ -104,7 +104,7 @@ def table_stats(model_dir: str) -> dict:
 
 def table_history(model_dir: str) -> list[tuple[int, dict]]:
     """`(step, table_stats)` of every checkpoint the model dir holds, oldest first."""
-    from recflow.training.model_dir import checkpoint_steps
+    from recflow.training.checkpoints import checkpoint_steps
 
     checkpoints = os.path.join(model_dir, "checkpoints")
     steps = sorted(checkpoint_steps(checkpoints))
