@@ -282,9 +282,15 @@ class CallbackList:
     """
 
     def __init__(self, callbacks, model):
-        self.callbacks = list(callbacks)
-        for callback in self.callbacks:
-            callback.set_model(model)
+        self.model = model
+        self.callbacks = []
+        for callback in callbacks:
+            self.append(callback)
+
+    def append(self, callback) -> None:
+        """Adds `callback` at the end of the list (bound to the model)."""
+        callback.set_model(self.model)
+        self.callbacks.append(callback)
 
     def on_train_begin(self, logs=None):
         for c in self.callbacks:

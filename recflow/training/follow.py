@@ -237,9 +237,7 @@ def follow(
     if segment is None:
         state.current.assign("")
     if status_every is not None:
-        status = StreamStatus(lambda: _behind(*watcher.lag()), status_every)
-        status.set_model(trainer.model)
-        trainer.callbacks.callbacks.append(status)
+        trainer.callbacks.append(StreamStatus(lambda: _behind(*watcher.lag()), status_every))
     steps = LocalRunner(trainer.config, trainer.model, trainer.epoch_dataset)  # the stream's step runner
     began, examples, start_step = time.perf_counter(), 0, int(trainer.model.global_step)
     trainer.callbacks.on_train_begin()

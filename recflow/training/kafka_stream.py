@@ -129,17 +129,13 @@ def stream(trainer: Trainer, status_every: float | None = None) -> dict:
         return trainer.already_done(0)
     source = kafka.KafkaSource(config, state.read())
     source.start()
-    commit = CommitOffsets(model_dir, source, state)
-    commit.set_model(trainer.model)
-    trainer.callbacks.callbacks.append(commit)
+    trainer.callbacks.append(CommitOffsets(model_dir, source, state))
     if status_every is not None:
         def lag():
             behind = source.lag(state.read())
             return None if behind is None else f"{behind:,} messages"
 
-        status = StreamStatus(lag, status_every)
-        status.set_model(trainer.model)
-        trainer.callbacks.callbacks.append(status)
+        trainer.callbacks.append(StreamStatus(lag, status_every))
     try:
         ds = trainer._transformed(kafka.dataset(config, source))
         model = trainer.model

@@ -50,6 +50,7 @@ from recflow.training.lock import ensure_dir
 
 logger = logging.getLogger(__name__)
 
+
 class ModelDir:
     """The model dir of one model: its checkpoints, deltas, exports and metrics.
 
