@@ -18,12 +18,13 @@ import tf_keras as keras
 
 from recflow import data as data_lib
 from recflow.config.schema import Config
-from recflow.data.pipeline import NONFINITE, TRUNCATED, reused
+from recflow.data import fit
+from recflow.data.records import NONFINITE, TRUNCATED, reused
 from recflow.embedding.placement import Placement
 from recflow.errors import DataError
-from recflow.features import fit
 from recflow.features.transform import transform
-from recflow.models.base import RankingModel, build_model
+from recflow.models import build_model
+from recflow.models.base import RankingModel
 from recflow.training import warm_start as warm_start_lib
 from recflow.training.callbacks import CallbackList, default_callbacks, write_evaluation
 from recflow.training.dense_optimizer import make_dense_optimizer
@@ -134,7 +135,7 @@ class Trainer:
 
     def _transformed(self, ds):
         """`ds` with the feature transforms applied; traced once for all of this
-        trainer's pipelines (every epoch, evaluation), see `pipeline.reused`."""
+        trainer's pipelines (every epoch, evaluation), see `records.reused`."""
         config = self.config
 
         def fn(raw, labels, bad):
