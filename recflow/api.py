@@ -104,10 +104,9 @@ def writer(config: Config, command: str):
     if not is_chief(config):
         yield
         return
-    from recflow.training import model_dir as model_dir_lib
+    from recflow.training.lock import writer as model_dir_writer
 
-    with model_dir_lib.writer_lock(config.train.model_dir, command):
-        model_dir_lib.remove_stale_temps(config.train.model_dir)
+    with model_dir_writer(config.train.model_dir, command):
         yield
 
 
@@ -195,19 +194,11 @@ def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> di
     Raises:
         RecflowError: the model dir has no checkpoint.
     """
-    from recflow.atomic import write_json
-
     with _restored(config_or_path, model_dir, overrides, "evaluate") as trainer:
         result = trainer.evaluate()
         result.pop("eval_bad_records", None)
         result["steps"] = int(trainer.model.global_step)
-        path = os.path.join(trainer.model_dir, "metrics.json")
-        merged = {}
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                merged = json.load(f)
-        merged.update(result)
-        write_json(path, merged)
+        trainer.model_dir.write_metrics(result, merge=True)
     return result
 
 
@@ -221,7 +212,7 @@ def export(config_or_path, model_dir: str | None = None, overrides=None, delta: 
         RecflowError: the model dir has no checkpoint.
     """
     with _restored(config_or_path, model_dir, overrides, "export") as trainer:
-        return trainer.write_delta() if delta else trainer.export()
+        return trainer.model_dir.write_delta() if delta else trainer.model_dir.export()
 
 
 @contextmanager
@@ -236,6 +227,6 @@ def _restored(config_or_path, model_dir, overrides, command: str):
 
 def require_checkpoint(trainer) -> None:
     """Restores the latest checkpoint; raises RecflowError when there is none."""
-    step = trainer.restore()
+    step = trainer.model_dir.restore()
     if step == 0:
-        raise RecflowError(f"{trainer.checkpoint_dir}: no checkpoint to read (train first)")
+        raise RecflowError(f"{trainer.model_dir.checkpoint_dir}: no checkpoint to read (train first)")

@@ -3,7 +3,7 @@
 Files are written to a temp name beside their destination, flushed to disk,
 then renamed into place; a failure (a full disk included) removes the temp.
 Temps of a killed process are removed at the next start of a writer
-(`recflow.training.model_dir.remove_stale_temps`).
+(`recflow.training.lock.remove_stale_temps`).
 """
 
 from __future__ import annotations
@@ -61,10 +61,16 @@ def write_json(path: str, value) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(final: str):
+def staged_dir(final: str, replace: bool = False):
     """Yields a temp dir beside `final`; renames it to `final` when the block succeeds.
 
     The dir gets the permissions of a plain `mkdir` (0755 under umask 022), not 0700.
+    A failure in the block removes the temp dir and leaves `final` as it was.
+    `replace`: an existing `final` is replaced, once the new dir is complete (it is
+    renamed aside, the new one renamed into place, then the old one removed; a crash
+    between the two renames leaves no `final`, and both as temps that the next
+    writer's start removes).
+    Without it, an existing non-empty `final` is an error.
     """
     parent = os.path.dirname(os.path.abspath(final))
     os.makedirs(parent, exist_ok=True)
@@ -72,7 +78,17 @@ def staged_dir(final: str):
     try:
         os.chmod(tmp, 0o777 & ~_umask())
         yield tmp
-        os.replace(tmp, final)
+        if replace and os.path.isdir(final):
+            old = tempfile.mkdtemp(prefix=".tmp-old-", dir=parent)
+            os.replace(final, old)  # onto the empty dir just made
+            try:
+                os.replace(tmp, final)
+            except BaseException:
+                os.replace(old, final)
+                raise
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

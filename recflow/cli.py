@@ -334,18 +334,18 @@ def _check_newest_checkpoint(model_dir: str) -> None:
     """
     import tensorflow as tf
 
-    from recflow.training import model_dir as model_dir_lib
+    from recflow.training import checkpoints as checkpoint_lib
 
     checkpoints = os.path.join(model_dir, "checkpoints")
     newest = tf.train.latest_checkpoint(checkpoints)
-    if newest is None and model_dir_lib.checkpoint_steps(checkpoints):
+    if newest is None and checkpoint_lib.checkpoint_steps(checkpoints):
         raise RecflowError(
             f"{checkpoints}/checkpoint: unreadable or missing index beside ckpt-* files; "
             "the next train, evaluate or export rebuilds it"
         )
-    problem = model_dir_lib.verify_checkpoint(newest) if newest else None
+    problem = checkpoint_lib.verify_checkpoint(newest) if newest else None
     if problem is not None:
-        files = ", ".join(model_dir_lib.checkpoint_files(newest))
+        files = ", ".join(checkpoint_lib.checkpoint_files(newest))
         raise RecflowError(
             f"{files}: damaged checkpoint ({problem}); the next train, evaluate or export "
             "falls back to the newest readable one"

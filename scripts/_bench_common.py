@@ -138,7 +138,7 @@ def run_recflow(config, model_dir: str, export: bool = False) -> dict:
     result = trainer.evaluate()
     evaluated = time.perf_counter()
     if export:
-        result["export"] = trainer.export()
+        result["export"] = trainer.model_dir.export()
     ended = time.perf_counter()
     result.update(summary)
     result.update(

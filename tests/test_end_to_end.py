@@ -88,7 +88,7 @@ def restored(trained):
 
     config, _ = raw_rows()
     trainer = Trainer(config, model_dir=str(trained), verbose=0)
-    assert trainer.restore() == 12
+    assert trainer.model_dir.restore() == 12
     return trainer.model
 
 

@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from recflow.cli import main
 from recflow.data.writer import write_synthetic
-from recflow.training import model_dir as md
+from recflow.training import checkpoints
 from recflow.training.trainer import Trainer
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -150,7 +150,7 @@ def test_truncated_newest_checkpoint_falls_back_and_training_goes_on(tmp_path, c
     run_ok(capsys, train_argv(model_dir, "train.checkpoint_every_steps=10", steps=30))
     assert trained_examples(model_dir) == 20 * BATCH  # resumed from ckpt-10, not from 0
     assert sorted(os.listdir(f"{ckpts}/.damaged")) == ["ckpt-20.data-00000-of-00001", "ckpt-20.index"]
-    assert md.verify_checkpoint(f"{ckpts}/ckpt-30") is None
+    assert checkpoints.verify_checkpoint(f"{ckpts}/ckpt-30") is None
     assert tf.train.latest_checkpoint(ckpts).endswith("ckpt-30")
 
 
@@ -186,7 +186,7 @@ def test_second_writer_exits_2_naming_the_holder(tmp_path, capsys):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import time
-            from recflow.training.model_dir import writer_lock
+            from recflow.training.lock import writer_lock
             with writer_lock({str(model_dir)!r}, "train"):
                 print("held", flush=True)
                 time.sleep(600)
@@ -238,8 +238,8 @@ def test_full_tmpfs_exits_2_and_keeps_the_last_checkpoint(tmp_path, capsys):
         line = run_error(capsys, train_argv(model_dir, *sets, steps=60), "no space left on device")
         assert line.startswith(f"recflow: {model_dir}/") and ".tmp-" not in line and "_temp" not in line
         assert not temps(model_dir)
-        good = md.readable_checkpoint(str(model_dir / "checkpoints"))
-        assert good is not None and md.verify_checkpoint(good) is None
+        good = checkpoints.readable_checkpoint(str(model_dir / "checkpoints"))
+        assert good is not None and checkpoints.verify_checkpoint(good) is None
         os.remove(disk / "filler")
         run_ok(capsys, train_argv(model_dir, *sets, steps=20))
 

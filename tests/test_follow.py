@@ -207,11 +207,11 @@ def test_a_model_dir_of_an_earlier_recflow_keeps_its_consumed_files(tmp_path, mo
     stream.write_text(HEADER + rows(0, 32), encoding="utf-8")
     config = make_config(stream, tmp_path / "run")
     trainer = Trainer(config, verbose=0)
-    trainer.prepare_model_dir()
+    trainer.model_dir.prepare()
     state = follow_lib.StreamState()
-    trainer.open_checkpoint(stream=state)
+    trainer.model_dir.open_checkpoint(stream=state)
     state.consumed.assign(f'["{stream}"]')
-    trainer.save_checkpoint()
+    trainer.model_dir.save_checkpoint()
 
     summary, done = run_follow(monkeypatch, config, [lambda: append(stream, rows(32, 16))])
     assert done == [(str(stream), 16, 1)]

@@ -70,8 +70,8 @@ def load_scores(export_dir, raw):
 def test_exporter_reuses_its_module_and_serves_new_weights(tmp_path):
     trainer = Trainer(small_config(tmp_path), verbose=0)
     trainer.fit()
-    first_dir = trainer.export()
-    module = trainer._exporter.module
+    first_dir = trainer.model_dir.export()
+    module = trainer.model_dir._exporter.module
     columns, _ = generate(trainer.config.data.synthetic, "eval")
     raw = {}
     for f in trainer.config.features:
@@ -84,8 +84,8 @@ def test_exporter_reuses_its_module_and_serves_new_weights(tmp_path):
     step = tf.function(trainer.model.train_step, autograph=False)
     for batch in trainer.dataset("train", epochs=1, shuffle=False).take(4):
         step(batch)
-    second_dir = trainer.export()
-    assert trainer._exporter.module is module  # built once, refreshed
+    second_dir = trainer.model_dir.export()
+    assert trainer.model_dir._exporter.module is module  # built once, refreshed
     assert second_dir.endswith("/10") and first_dir.endswith("/6")
     after = trainer.model.predict_raw(raw)["probability"].numpy().reshape(-1)
     assert np.max(np.abs(after - before)) > 1e-4  # the weights did move

@@ -23,26 +23,19 @@ def tf_keras():
 
 
 def recording_trainer(config, events, callbacks):
+    """A trainer whose model dir records its evictions, deltas, exports and checkpoints."""
     from recflow.training.trainer import Trainer
 
-    class Recording(Trainer):
-        def evict(self):
-            events.append(("evict", int(self.model.global_step)))
-            super().evict()
+    trainer = Trainer(config, verbose=0, callbacks=callbacks)
+    model_dir = trainer.model_dir
+    names = {"evict": "evict", "write_delta": "delta", "export": "export", "save_checkpoint": "checkpoint"}
+    for method, event in names.items():
+        def recorded(*args, _run=getattr(model_dir, method), _event=event, **kwargs):
+            events.append((_event, int(trainer.model.global_step)))
+            return _run(*args, **kwargs)
 
-        def write_delta(self):
-            events.append(("delta", int(self.model.global_step)))
-            return super().write_delta()
-
-        def export(self):
-            events.append(("export", int(self.model.global_step)))
-            return super().export()
-
-        def save_checkpoint(self, evict=True):
-            events.append(("checkpoint", int(self.model.global_step)))
-            return super().save_checkpoint(evict)
-
-    return Recording(config, verbose=0, callbacks=callbacks)
+        setattr(model_dir, method, recorded)  # also what `save_checkpoint` calls for its eviction
+    return trainer
 
 
 def test_hooks_run_evict_delta_export_checkpoint_then_user_callbacks(tmp_path, tf_keras):

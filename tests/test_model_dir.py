@@ -17,7 +17,8 @@ import tensorflow as tf
 from recflow.config.loader import NodeLimitError, load_config, safe_load
 from recflow.errors import RecflowError
 from recflow.export.saved_model import portable_config
-from recflow.training import model_dir as md
+from recflow.training import checkpoints, lock
+from recflow.training.deltas import set_aside_stale_deltas
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
@@ -26,13 +27,13 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
 def test_second_writer_is_refused_with_the_holders_pid(tmp_path):
-    with md.writer_lock(str(tmp_path), "train"):
+    with lock.writer_lock(str(tmp_path), "train"):
         with pytest.raises(RecflowError) as e:
-            with md.writer_lock(str(tmp_path), "export"):
+            with lock.writer_lock(str(tmp_path), "export"):
                 pass
         assert f"pid {os.getpid()}" in str(e.value) and "recflow train" in str(e.value)
         assert "\n" not in str(e.value)
-    with md.writer_lock(str(tmp_path), "export"):  # released at the end of the block
+    with lock.writer_lock(str(tmp_path), "export"):  # released at the end of the block
         pass
 
 
@@ -40,7 +41,7 @@ def test_lock_of_a_killed_holder_is_free(tmp_path):
     holder = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(f"""
             import sys, time
-            from recflow.training.model_dir import writer_lock
+            from recflow.training.lock import writer_lock
             with writer_lock({str(tmp_path)!r}, "train"):
                 print("held", flush=True)
                 time.sleep(600)
@@ -49,11 +50,11 @@ def test_lock_of_a_killed_holder_is_free(tmp_path):
     )
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(RecflowError, match=f"pid {holder.pid}"):
-        with md.writer_lock(str(tmp_path), "train"):
+        with lock.writer_lock(str(tmp_path), "train"):
             pass
     holder.send_signal(signal.SIGKILL)
     holder.wait()
-    with md.writer_lock(str(tmp_path), "train"):
+    with lock.writer_lock(str(tmp_path), "train"):
         pass
 
 
@@ -61,7 +62,7 @@ def test_model_dir_that_is_a_file(tmp_path):
     path = tmp_path / "file"
     path.write_text("x")
     with pytest.raises(RecflowError, match="existing file, not a directory"):
-        md.ensure_dir(str(path))
+        lock.ensure_dir(str(path))
 
 
 # ----------------------------------------------------------------------------- stale temps
@@ -75,7 +76,7 @@ def test_stale_temps_are_removed_and_nothing_else(tmp_path):
     for rel in stale + kept:
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text("x")
-    removed = md.remove_stale_temps(str(tmp_path))
+    removed = lock.remove_stale_temps(str(tmp_path))
     assert removed == sorted(["checkpoints/ckpt-7_temp", "export/.tmp-abc", "deltas/.tmp-x",
                               ".tmp-123", "config.yaml.tmp-4242"])
     assert all((tmp_path / rel).exists() for rel in kept)
@@ -125,11 +126,11 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplog, 
     d = three_checkpoints(tmp_path / "ck")
     damage(os.path.join(d, "ckpt-3" + suffix))
     with caplog.at_level(logging.WARNING):
-        good = md.readable_checkpoint(d)
+        good = checkpoints.readable_checkpoint(d)
     assert good == os.path.join(d, "ckpt-2") and restored_value(good) == 2.0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "ckpt-3.index" in warnings[0] and "ckpt-3.data-00000-of-00001" in warnings[0]
-    md.repair_checkpoints(d, good)
+    checkpoints.repair_checkpoints(d, good)
     assert tf.train.latest_checkpoint(d) == good
     assert sorted(os.listdir(os.path.join(d, ".damaged"))) == ["ckpt-3.data-00000-of-00001", "ckpt-3.index"]
 
@@ -139,7 +140,7 @@ def test_no_readable_checkpoint_names_the_files(tmp_path):
     for step in (1, 2, 3):
         truncate(os.path.join(d, f"ckpt-{step}.data-00000-of-00001"))
     with pytest.raises(RecflowError) as e:
-        md.readable_checkpoint(d)
+        checkpoints.readable_checkpoint(d)
     message = str(e.value)
     assert "no readable checkpoint" in message and "\n" not in message
     assert all(f"ckpt-{s}.data-00000-of-00001" in message for s in (1, 2, 3))
@@ -150,10 +151,10 @@ def test_garbage_index_file_is_rebuilt_from_the_checkpoints_present(tmp_path, ca
     with open(os.path.join(d, "checkpoint"), "w") as f:
         f.write("\x00garbage{{{\n")
     assert tf.train.latest_checkpoint(d) is None  # what TF alone makes of it
-    good = md.readable_checkpoint(d)
+    good = checkpoints.readable_checkpoint(d)
     assert good == os.path.join(d, "ckpt-3")
     with caplog.at_level(logging.WARNING):
-        md.repair_checkpoints(d, good)
+        checkpoints.repair_checkpoints(d, good)
     assert tf.train.latest_checkpoint(d) == good
     state = tf.train.get_checkpoint_state(d)
     assert [os.path.basename(p) for p in state.all_model_checkpoint_paths] == ["ckpt-1", "ckpt-2", "ckpt-3"]
@@ -161,7 +162,7 @@ def test_garbage_index_file_is_rebuilt_from_the_checkpoints_present(tmp_path, ca
 
 
 def test_no_checkpoint_at_all_is_none(tmp_path):
-    assert md.readable_checkpoint(str(tmp_path / "nothing")) is None
+    assert checkpoints.readable_checkpoint(str(tmp_path / "nothing")) is None
 
 
 # ----------------------------------------------------------------------------- deltas
@@ -172,14 +173,14 @@ def test_deltas_newer_than_the_checkpoint_are_set_aside(tmp_path, caplog):
     for step in range(5, 70, 5):
         (deltas / str(step)).mkdir(parents=True)
     with caplog.at_level(logging.WARNING):
-        aside = md.set_aside_stale_deltas(str(deltas), 50)
+        aside = set_aside_stale_deltas(str(deltas), 50)
     assert aside == str(deltas / ".stale-50")
     assert sorted(os.listdir(aside), key=int) == ["55", "60", "65"]
     assert sorted((d for d in os.listdir(deltas) if d.isdigit()), key=int) == [str(s) for s in range(5, 55, 5)]
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     (deltas / "55").mkdir()  # a second resume from the same step keeps both sets
-    assert md.set_aside_stale_deltas(str(deltas), 50) == str(deltas / ".stale-50.2")
-    assert md.set_aside_stale_deltas(str(deltas), 50) is None
+    assert set_aside_stale_deltas(str(deltas), 50) == str(deltas / ".stale-50.2")
+    assert set_aside_stale_deltas(str(deltas), 50) is None
 
 
 # ----------------------------------------------------------------------------- YAML

@@ -113,7 +113,7 @@ def test_a_restore_on_another_shard_count_moves_every_row(trained, tmp_path, cap
     assert any(name.endswith("/counters") and v[0].shape[0] for name, v in expected.items())
 
     trainer = Trainer(_config(model_dir, 8, 4), verbose=0, placement=ModPlacement(shards))
-    assert trainer.restore() == 4
+    assert trainer.model_dir.restore() == 4
     engine = trainer.model.embedding
     _check_placement(engine, shards)
     _assert_same(expected, _tables(engine))

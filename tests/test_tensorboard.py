@@ -174,24 +174,18 @@ def test_examples_per_sec_counts_rows_over_wall_time(monkeypatch):
         def start(self):
             pass
 
-    class Trainer:
-        model_dir = "unused"
-        examples_trained = 100
-        table_health = Health()
+    class Train:
+        log_every_steps = 5
+        checkpoint_every_steps = None
 
-        class config:  # noqa: N801
-            class train:  # noqa: N801
-                log_every_steps = 5
-                checkpoint_every_steps = None
-
-    logger = callbacks.TensorBoardLogger(Trainer())
+    logger = callbacks.TensorBoardLogger("unused", Health(), Train())
 
     class Writer:
         def as_default(self, step):
             return contextlib.nullcontext()
 
     logger._writer = Writer()
-    logger.on_train_begin()  # t = 10, 100 rows trained before this run's first log
+    logger.on_train_begin({"examples": 100})  # t = 10, 100 rows trained before this run's first log
     logger.on_train_batch_end(5, {"loss": 0.5, "previous_step": 4, "examples": 700})  # t = 12
     logger.on_train_batch_end(10, {"loss": 0.25, "previous_step": 9, "examples": 1200})  # t = 13
     assert written == [

@@ -260,7 +260,7 @@ def test_export_serves_both_towers_without_recflow(trained, tmp_path):
     from recflow.training.trainer import Trainer
 
     trainer = Trainer(load_config(CONFIG, SMALL), model_dir=str(trained), verbose=0)
-    assert trainer.restore() == 60
+    assert trainer.model_dir.restore() == 60
     feed = {k: tf.constant(v.tolist() if v.dtype == object else v) for k, v in raw.items()}
     in_process = trainer.model.predict_raw(feed)["embeddings"]
     for side in ("query", "candidate"):

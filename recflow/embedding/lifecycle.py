@@ -29,7 +29,6 @@ import time
 
 import numpy as np
 
-from recflow.atomic import staged_dir
 from recflow.embedding.engine import EmbeddingEngine
 
 DELTA_FORMAT = 2
@@ -83,7 +82,7 @@ def ids_from_bytes(data: bytes) -> dict[str, np.ndarray]:
 
 def write_delta(
     engine: EmbeddingEngine,
-    deltas_dir: str,
+    directory: str,
     since_step: int,
     step: int,
     *,
@@ -92,8 +91,10 @@ def write_delta(
     dense: list[tuple[str, np.ndarray]],
     evicted: dict[str, np.ndarray] | None = None,
     extra: dict | None = None,
-) -> str:
-    """Writes `deltas/<step>/` atomically (layout in the module docstring).
+) -> None:
+    """Writes the delta of `step` into `directory`, an empty dir (layout in the module
+    docstring); the model dir stages it and renames it to `deltas/<step>/`
+    (`recflow.training.model_dir.ModelDir.write_delta`).
 
     Args:
         engine: the model's tables; rows updated after `since_step` are written.
@@ -103,38 +104,35 @@ def write_delta(
         evicted: raw ids evicted after `since_step`, per logical table.
         extra: more manifest fields (a Kafka stream's `kafka_offsets`).
     """
-    final = os.path.join(deltas_dir, str(step))
     rows = engine.updated_rows(since_step)
     evicted = evicted or {}
-    with staged_dir(final) as tmp:
-        manifest = {
-            **(extra or {}),
-            "format": DELTA_FORMAT,
-            "sequence": int(sequence),
-            "step": step,
-            "since_step": since_step,
-            "written_at": time.time(),
-            "structure_sha256": structure_sha256,
-            "tables": {},
-            "files": {},
+    manifest = {
+        **(extra or {}),
+        "format": DELTA_FORMAT,
+        "sequence": int(sequence),
+        "step": step,
+        "since_step": since_step,
+        "written_at": time.time(),
+        "structure_sha256": structure_sha256,
+        "tables": {},
+        "files": {},
+    }
+    for name, (keys, values) in rows.items():
+        gone = np.asarray(evicted.get(name, np.zeros(0, np.int64)), np.int64)
+        _save(directory, f"{name}.npz", manifest, keys=keys.astype(np.int64),
+              values=values.astype(np.float32), evicted=gone)
+        manifest["tables"][name] = {
+            "rows": int(keys.size), "dim": int(values.shape[1]), "evicted": int(gone.size)
         }
-        for name, (keys, values) in rows.items():
-            gone = np.asarray(evicted.get(name, np.zeros(0, np.int64)), np.int64)
-            _save(tmp, f"{name}.npz", manifest, keys=keys.astype(np.int64),
-                  values=values.astype(np.float32), evicted=gone)
-            manifest["tables"][name] = {
-                "rows": int(keys.size), "dim": int(values.shape[1]), "evicted": int(gone.size)
-            }
-        flat = [np.asarray(v, np.float32).reshape(-1) for _, v in dense]
-        weights = np.concatenate(flat) if flat else np.zeros(0, np.float32)
-        _save(tmp, DENSE_FILE, manifest, weights)
-        manifest["dense"] = {
-            "size": int(weights.size),
-            "variables": [[name, list(np.shape(v))] for name, v in dense],
-        }
-        with open(os.path.join(tmp, "manifest.json"), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=2, sort_keys=True)
-    return final
+    flat = [np.asarray(v, np.float32).reshape(-1) for _, v in dense]
+    weights = np.concatenate(flat) if flat else np.zeros(0, np.float32)
+    _save(directory, DENSE_FILE, manifest, weights)
+    manifest["dense"] = {
+        "size": int(weights.size),
+        "variables": [[name, list(np.shape(v))] for name, v in dense],
+    }
+    with open(os.path.join(directory, "manifest.json"), "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=2, sort_keys=True)
 
 
 def _save(directory: str, name: str, manifest: dict, array=None, **arrays) -> None:

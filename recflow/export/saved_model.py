@@ -23,10 +23,8 @@ its own side's raw columns: `query` -> {"embedding": [B, d]} and `candidate`
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
-import shutil
 
 import tensorflow as tf
 import yaml
@@ -34,14 +32,11 @@ import yaml
 from recflow.atomic import staged_dir, write_json
 from recflow.config.convert import to_dict
 from recflow.embedding.table import empty_buckets, segment_buckets
-from recflow.errors import RecflowError
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY, raw_keys
 from recflow.features.transform import serving_dtype
 from recflow.models import identity
 from recflow.models.base import RankingModel, RetrievalModel
 from recflow.models.inputs import Lookup
-
-logger = logging.getLogger(__name__)
 
 
 class ServingModule(tf.Module):
@@ -225,10 +220,11 @@ def portable_config(config) -> dict:
 
 
 class Exporter:
-    """Writes SavedModel versions of one model, reusing one `ServingModule`.
+    """Writes SavedModels of one model, reusing one `ServingModule`.
 
     The serving module is built (and its signatures traced) on the first export;
     later exports refresh its tables and step from the model and save it again.
+    Where and as which version: `recflow.training.model_dir.ModelDir.export`.
 
     Args:
         model: the model to export (its current weights at each export).
@@ -238,53 +234,29 @@ class Exporter:
         self.model = model
         self.module: ServingModule | None = None
 
-    def export(self, model_dir: str, keep: int | None = None, step: int | None = None) -> str:
-        """Writes `MODEL_DIR/export/<step>/` atomically; keeps the newest `keep` versions.
-
-        `step` defaults to the model's global step. A version is never rewritten:
-        an existing export of the same step and model structure (a replayed step,
-        or `recflow export` run twice) is kept as it is.
-
-        Raises:
-            RecflowError: an export of this step exists for another model structure.
-        """
+    def save(self, directory: str, step: int | None = None) -> None:
+        """Writes the SavedModel of the model at `step` (default: its global step) into
+        `directory`, with its `assets.extra` (config, manifest, structure)."""
         model = self.model
         if step is None:
             step = int(model.global_step)
-        export_dir = os.path.join(model_dir, "export")
-        final = os.path.join(export_dir, str(step))
-        current = identity.structure(model)
-        if os.path.isdir(final):
-            saved = _saved_structure(final)
-            if saved is None or identity.changes(saved, current):
-                raise RecflowError(
-                    f"{final}: an export of step {step} exists for another model structure "
-                    f"({'none recorded' if saved is None else identity.changes(saved, current)[0][0] + ' differs'}); "
-                    "versions are never rewritten: move it away, or train on to a later step"
-                )
-            logger.info("%s exists (same step, same structure): kept", final)
-            return final
         if self.module is None:
             self.module = ServingModule(model, step)
         else:
             self.module.refresh(step)
-        with staged_dir(final) as tmp:
-            tf.saved_model.save(
-                self.module, tmp, signatures=self.module.serving_signatures, options=SAVE_OPTIONS
-            )
-            extra = os.path.join(tmp, "assets.extra")
-            os.makedirs(extra, exist_ok=True)
-            with open(os.path.join(extra, "recflow_config.yaml"), "w", encoding="utf-8") as f:
-                yaml.safe_dump(portable_config(model.config), f, sort_keys=False)
-            write_json(os.path.join(extra, "manifest.json"), {"step": step, "version": step})
-            write_json(os.path.join(extra, identity.EXPORT_FILE), current)
-        if keep:
-            for old in existing_versions(export_dir)[:-keep]:
-                shutil.rmtree(os.path.join(export_dir, str(old)), ignore_errors=True)
-        return final
+        tf.saved_model.save(
+            self.module, directory, signatures=self.module.serving_signatures, options=SAVE_OPTIONS
+        )
+        extra = os.path.join(directory, "assets.extra")
+        os.makedirs(extra, exist_ok=True)
+        with open(os.path.join(extra, "recflow_config.yaml"), "w", encoding="utf-8") as f:
+            yaml.safe_dump(portable_config(model.config), f, sort_keys=False)
+        write_json(os.path.join(extra, "manifest.json"), {"step": step, "version": step})
+        write_json(os.path.join(extra, identity.EXPORT_FILE), identity.structure(model))
 
 
-def _saved_structure(export: str) -> dict | None:
+def saved_structure(export: str) -> dict | None:
+    """The model structure an export records (`assets.extra/structure.json`), or None."""
     try:
         with open(os.path.join(export, "assets.extra", identity.EXPORT_FILE), encoding="utf-8") as f:
             return json.load(f)
@@ -298,8 +270,10 @@ SAVE_OPTIONS = tf.saved_model.SaveOptions(
 )
 
 
-def export_saved_model(
-    model: RankingModel, model_dir: str, keep: int | None = None, step: int | None = None
-) -> str:
-    """Writes `MODEL_DIR/export/<step>/` with a new `Exporter` (see `Exporter.export`)."""
-    return Exporter(model).export(model_dir, keep=keep, step=step)
+def export_saved_model(model: RankingModel, directory: str, step: int | None = None) -> str:
+    """Writes a SavedModel of `model` to `directory` (a new dir, renamed into place once
+    complete) with a new `Exporter`; returns `directory`. A model dir's versions:
+    `recflow.training.model_dir.ModelDir.export`."""
+    with staged_dir(directory) as tmp:
+        Exporter(model).save(tmp, step)
+    return directory

@@ -11,14 +11,16 @@ The loop calls, in list order:
 `logs` of a batch end: `loss` (the last step's), `previous_step` (the global step
 before the steps just run: the local loop runs one step at a time, the
 parameter-server loop a chunk of steps per worker) and `examples` (rows trained
-so far by this run). A schedule of every N steps fires when the step reaches or
+so far by this run); of the train end: `steps`, `examples` and `interrupted`
+(whether a signal stopped training). A schedule of every N steps fires when the step reaches or
 passes a multiple of N (`crossed`); a schedule of every S seconds
 (`train.checkpoint_every_seconds`, `export.every_seconds`,
 `export.delta_every_seconds`, for streams that never end) fires at the first step
 end S seconds or more after it last fired (or after training began).
 
 The built-in schedule runs, after a step: eviction -> delta -> export ->
-checkpoint. Eviction comes first so a delta holds only surviving rows; the
+checkpoint. Each built-in callback acts on the run's `ModelDir`
+(`recflow.training.model_dir`), never on the trainer. Eviction comes first so a delta holds only surviving rows; the
 checkpoint comes last, so a kill anywhere before it replays from the previous
 checkpoint and rewrites this step's delta and export, and the checkpoint
 records the delta's step, so a resume continues the delta chain exactly.
@@ -30,14 +32,16 @@ checkpoint. SIGTERM and SIGINT are handled by the trainer itself
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
-import os
 import time
 
 import tensorflow as tf
 import tf_keras as keras
+
+from recflow.config.schema import Config
+from recflow.embedding.engine import EmbeddingEngine
+from recflow.training.model_dir import ModelDir
 
 logger = logging.getLogger(__name__)
 
@@ -73,23 +77,18 @@ class Schedule:
         return self._due
 
 
-class TrainerCallback(keras.callbacks.Callback):
-    """A callback bound to a `Trainer` (for its model dir, checkpoint and export).
+class _Scheduled(keras.callbacks.Callback):
+    """A callback that acts on a model dir on a `Schedule` (its own, or one shared
+    with another).
 
     Args:
-        trainer: the trainer whose loop calls this callback.
+        model_dir: the run's `ModelDir`.
+        schedule: when it acts.
     """
 
-    def __init__(self, trainer):
+    def __init__(self, model_dir: ModelDir, schedule: Schedule):
         super().__init__()
-        self.trainer = trainer
-
-
-class _Scheduled(TrainerCallback):
-    """A callback that runs on a `Schedule` (its own, or one shared with another)."""
-
-    def __init__(self, trainer, schedule: Schedule):
-        super().__init__(trainer)
+        self.model_dir = model_dir
         self.schedule = schedule
 
     def on_train_begin(self, logs=None):
@@ -97,11 +96,12 @@ class _Scheduled(TrainerCallback):
 
 
 class EvictionCallback(_Scheduled):
-    """Removes stale rows (`eviction.ttl_steps` / `max_keys`) at every checkpoint step."""
+    """Removes stale rows (`eviction.ttl_steps` / `max_keys`) at every checkpoint step
+    (`ModelDir.evict`, the lifecycle rebuild)."""
 
     def on_train_batch_end(self, batch, logs=None):
         if self.schedule.due(logs["previous_step"], batch):
-            self.trainer.evict()
+            self.model_dir.evict()
 
 
 class DeltaCallback(_Scheduled):
@@ -109,7 +109,7 @@ class DeltaCallback(_Scheduled):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.schedule.due(logs["previous_step"], batch):
-            self.trainer.write_delta()
+            self.model_dir.write_delta()
 
 
 class ExportCallback(_Scheduled):
@@ -117,69 +117,54 @@ class ExportCallback(_Scheduled):
 
     def on_train_batch_end(self, batch, logs=None):
         if self.schedule.due(logs["previous_step"], batch):
-            self.trainer.export()
+            self.model_dir.export()
 
 
 class CheckpointCallback(_Scheduled):
     """Checkpoints every `train.checkpoint_every_steps` / `checkpoint_every_seconds`
     (eviction ran just before, on the same schedule, see `EvictionCallback`), and at
-    the end of training unless the step was just saved."""
+    the end of training unless the step was just saved (with eviction, unless a
+    signal interrupted training)."""
 
     def on_train_batch_end(self, batch, logs=None):
         if self.schedule.due(logs["previous_step"], batch):
-            self.trainer.save_checkpoint(evict=False)
+            self.model_dir.save_checkpoint(evict=False)
 
     def on_train_end(self, logs=None):
-        self.trainer.save_final_checkpoint()
+        self.model_dir.save_final_checkpoint(evict=not (logs or {}).get("interrupted"))
 
 
 class TableHealth:
     """Counts per logical table between two table logs: what eviction removed and what was admitted.
 
-    `Trainer.evict` runs eviction inside `evicting()`, which counts the rows each
-    logical table lost; between two logs the rows a table gained are then its
-    admissions: `keys now - keys at the previous log + evicted since`. Only
-    tables with an eviction policy lose rows, so without one no count is taken.
+    The lifecycle rebuild (`ModelDir.evict`) adds the rows each logical table lost to
+    `ModelDir.evicted_rows`; between two logs the rows a table gained are then its
+    admissions: `keys now - keys at the previous log + evicted since`.
 
     Args:
-        trainer: the trainer whose embedding engine is counted.
+        engine: the embedding engine whose tables are counted.
+        model_dir: the model dir whose rebuilds evict rows.
     """
 
-    def __init__(self, trainer):
-        self.trainer = trainer
+    def __init__(self, engine: EmbeddingEngine, model_dir: ModelDir):
+        self.engine, self.model_dir = engine, model_dir
         self._logged: dict[str, int] | None = None  # keys per table at the previous log
-        self._evicted: dict[str, int] = {}
-
-    def _keys(self) -> dict[str, int]:
-        return {name: s["keys"] for name, s in self.trainer.model.embedding.table_stats().items()}
-
-    def _evicts(self) -> bool:
-        config = self.trainer.config
-        return any(config.table(name).eviction is not None for name in config.table_names())
-
-    @contextlib.contextmanager
-    def evicting(self):
-        """The context eviction runs in: the rows it removes are counted per logical table."""
-        if not self._evicts():
-            yield
-            return
-        before = self._keys()
-        yield
-        for name, keys in self._keys().items():
-            self._evicted[name] = self._evicted.get(name, 0) + before.get(name, 0) - keys
+        self._evicted: dict[str, int] = {}  # `model_dir.evicted_rows` at the previous log
 
     def start(self) -> None:
         """The counts start here (training begins, after a restore)."""
-        self._logged, self._evicted = self._keys(), {}
+        self._logged = {name: s["keys"] for name, s in self.engine.table_stats().items()}
+        self._evicted = dict(self.model_dir.evicted_rows)
 
     def read(self) -> dict[str, dict]:
         """Per logical table: keys, waiting_keys and bytes now (as `recflow tables --json`),
         and evictions and admissions since the previous `read`."""
-        stats = self.trainer.model.embedding.table_stats()
+        stats = self.engine.table_stats()
         logged = self._logged or {}
+        total = self.model_dir.evicted_rows
         out = {}
         for name, s in stats.items():
-            evicted = self._evicted.get(name, 0)
+            evicted = total.get(name, 0) - self._evicted.get(name, 0)
             out[name] = {
                 "keys": s["keys"],
                 "waiting_keys": s["waiting_keys"],
@@ -188,11 +173,11 @@ class TableHealth:
                 "admissions": s["keys"] - logged.get(name, 0) + evicted,
             }
         self._logged = {name: s["keys"] for name, s in stats.items()}
-        self._evicted = {}
+        self._evicted = dict(total)
         return out
 
 
-class TensorBoardLogger(TrainerCallback):
+class TensorBoardLogger(keras.callbacks.Callback):
     """Writes the run to TensorBoard, in `MODEL_DIR/logs`.
 
     - every `train.log_every_steps`: `train/loss` (the last step's) and
@@ -206,10 +191,16 @@ class TensorBoardLogger(TrainerCallback):
       done at every loss log.
 
     Evaluations are written by `write_evaluation`.
+
+    Args:
+        logs_dir: where the event files go (`ModelDir.logs_dir`).
+        health: the table counts (`TableHealth`).
+        train: the run's `train` config (`log_every_steps`, `checkpoint_every_steps`).
     """
 
-    def __init__(self, trainer):
-        super().__init__(trainer)
+    def __init__(self, logs_dir: str, health: TableHealth, train):
+        super().__init__()
+        self.logs_dir, self.health, self.train = logs_dir, health, train
         self._writer = None
         self._since = (0.0, 0)  # (time, examples) at the previous loss log
         self._tables_step = -1  # the step of the previous table log
@@ -217,15 +208,15 @@ class TensorBoardLogger(TrainerCallback):
     @property
     def writer(self):
         if self._writer is None:
-            self._writer = tf.summary.create_file_writer(os.path.join(self.trainer.model_dir, "logs"))
+            self._writer = tf.summary.create_file_writer(self.logs_dir)
         return self._writer
 
     def on_train_begin(self, logs=None):
-        self._since = (time.perf_counter(), self.trainer.examples_trained)
-        self.trainer.table_health.start()
+        self._since = (time.perf_counter(), (logs or {}).get("examples", 0))
+        self.health.start()
 
     def on_train_batch_end(self, batch, logs=None):
-        config = self.trainer.config.train
+        config = self.train
         if crossed(logs["previous_step"], batch, config.log_every_steps):
             now, examples = time.perf_counter(), logs["examples"]
             then, before = self._since
@@ -241,22 +232,22 @@ class TensorBoardLogger(TrainerCallback):
     def write_tables(self, step: int) -> None:
         self._tables_step = step
         with self.writer.as_default(step=step):
-            for name, stats in self.trainer.table_health.read().items():
+            for name, stats in self.health.read().items():
                 for key, value in stats.items():
                     tf.summary.scalar(f"tables/{name}/{key}", value)
 
     def on_train_end(self, logs=None):
-        step = int(self.trainer.model.global_step)
+        step = logs["steps"]
         if step != self._tables_step:  # not logged at this step's checkpoint already
             self.write_tables(step)
         self.writer.flush()
 
 
-def write_evaluation(model_dir: str, step: int, result: dict) -> None:
-    """Writes an evaluation's metrics to TensorBoard at `step`: `eval/<metric>`, and
-    `eval/<head>/<metric>` for each head of a multi-task model; undefined ones
-    (NaN) are left out."""
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "logs"))
+def write_evaluation(logs_dir: str, step: int, result: dict) -> None:
+    """Writes an evaluation's metrics to TensorBoard (`logs_dir`: `ModelDir.logs_dir`) at
+    `step`: `eval/<metric>`, and `eval/<head>/<metric>` for each head of a multi-task
+    model; undefined ones (NaN) are left out."""
+    writer = tf.summary.create_file_writer(logs_dir)
     with writer.as_default(step=step):
         for key, value in result.items():
             if key.startswith("eval_") or isinstance(value, (bool, str)) or value is None:
@@ -266,16 +257,19 @@ def write_evaluation(model_dir: str, step: int, result: dict) -> None:
     writer.close()
 
 
-def default_callbacks(trainer) -> list[keras.callbacks.Callback]:
-    """The built-in schedule, in the order it must run: evict, delta, export, checkpoint, log."""
-    train, export = trainer.config.train, trainer.config.export
+def default_callbacks(
+    model_dir: ModelDir, config: Config, engine: EmbeddingEngine
+) -> list[keras.callbacks.Callback]:
+    """The built-in schedule of `config`, in the order it must run: evict, delta,
+    export, checkpoint, log (the table counts of `engine`)."""
+    train, export = config.train, config.export
     checkpoint = Schedule(train.checkpoint_every_steps, train.checkpoint_every_seconds)
     return [
-        EvictionCallback(trainer, checkpoint),
-        DeltaCallback(trainer, Schedule(export.delta_every_steps, export.delta_every_seconds)),
-        ExportCallback(trainer, Schedule(export.every_steps, export.every_seconds)),
-        CheckpointCallback(trainer, checkpoint),
-        TensorBoardLogger(trainer),
+        EvictionCallback(model_dir, checkpoint),
+        DeltaCallback(model_dir, Schedule(export.delta_every_steps, export.delta_every_seconds)),
+        ExportCallback(model_dir, Schedule(export.every_steps, export.every_seconds)),
+        CheckpointCallback(model_dir, checkpoint),
+        TensorBoardLogger(model_dir.logs_dir, TableHealth(engine, model_dir), train),
     ]
 
 
@@ -288,9 +282,15 @@ class CallbackList:
     """
 
     def __init__(self, callbacks, model):
-        self.callbacks = list(callbacks)
-        for callback in self.callbacks:
-            callback.set_model(model)
+        self.model = model
+        self.callbacks = []
+        for callback in callbacks:
+            self.append(callback)
+
+    def append(self, callback) -> None:
+        """Adds `callback` at the end of the list (bound to the model)."""
+        callback.set_model(self.model)
+        self.callbacks.append(callback)
 
     def on_train_begin(self, logs=None):
         for c in self.callbacks:

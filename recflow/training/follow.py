@@ -30,7 +30,7 @@ from recflow.data.consumed import Consumed, scan
 from recflow.errors import DataError
 from recflow.training.progress import StreamStatus
 from recflow.training.runner import LocalRunner
-from recflow.training.trainer import Trainer, saved_value
+from recflow.training.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -222,23 +222,22 @@ def follow(
     Returns:
         A summary: steps, examples, files consumed.
     """
-    trainer.prepare_model_dir()
+    model_dir = trainer.model_dir
+    model_dir.prepare()
     state = StreamState()
     watcher = Watcher(trainer.config, state)
-    saved = saved_value(trainer.checkpoint_dir, "stream/current")
+    saved = model_dir.saved_value("stream/current")
     segment = Segment.from_json(saved.decode()) if saved is not None else None
     if segment is not None:
-        before = consumed_files(saved_value(trainer.checkpoint_dir, "stream/consumed"))
+        before = consumed_files(model_dir.saved_value("stream/consumed"))
         if not watcher.check_resumed(segment, before.get(segment.path)):
             segment = None  # its file changed while stopped: trained again from the first
     iterator = _iterator(trainer, segment) if segment else None
-    trainer.open_checkpoint(iterator, stream=state)  # restores model, tables, stream state (and position)
+    model_dir.open_checkpoint(iterator, stream=state)  # restores model, tables, stream state (and position)
     if segment is None:
         state.current.assign("")
     if status_every is not None:
-        status = StreamStatus(lambda: _behind(*watcher.lag()), status_every)
-        status.set_model(trainer.model)
-        trainer.callbacks.callbacks.append(status)
+        trainer.callbacks.append(StreamStatus(lambda: _behind(*watcher.lag()), status_every))
     steps = LocalRunner(trainer.config, trainer.model, trainer.epoch_dataset)  # the stream's step runner
     began, examples, start_step = time.perf_counter(), 0, int(trainer.model.global_step)
     trainer.callbacks.on_train_begin()
@@ -249,14 +248,14 @@ def follow(
                 time.sleep(poll_seconds)
                 continue
             iterator = _iterator(trainer, segment)
-            trainer.open_checkpoint(iterator, restore=False, stream=state)
+            model_dir.open_checkpoint(iterator, restore=False, stream=state)
             state.begin(segment)
         trained = trainer.train_on(steps.reports(iterator), files=[segment.path])
         examples += trained
         if trainer.stop_requested:
             break  # the segment stays in progress; its input position goes into the checkpoint
         state.record(segment.path, segment.after)
-        trainer.save_checkpoint()
+        model_dir.save_checkpoint()
         iterator = None
         if on_file is not None:
             on_file(segment.path, trained, int(trainer.model.global_step))

@@ -16,12 +16,15 @@ and metrics. A broker that stays unreachable ends it with a checkpoint and a
 from __future__ import annotations
 
 import logging
+import signal
 import time
+from typing import Callable
 
 import tensorflow as tf
+import tf_keras as keras
 
 from recflow.data import kafka
-from recflow.training.callbacks import TrainerCallback
+from recflow.training.model_dir import ModelDir
 from recflow.training.progress import StreamStatus
 from recflow.training.runner import LocalRunner
 from recflow.training.trainer import Trainer
@@ -31,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 class KafkaState(tf.Module):
     """Saved in each checkpoint: the next offset of each partition and the offsets at
-    the last delta (the deltas' sequence number is the trainer's)."""
+    the last delta (the deltas' sequence number is the model dir's)."""
 
     def __init__(self):
         super().__init__(name="kafka")
@@ -70,12 +73,12 @@ class StreamIterator:
 
     Batches leave the pipeline in the order the source queued them (tf.data keeps the
     order of a deterministic map), so the n-th batch taken is the n-th position queued.
-    `next` waits in Python (signal handlers run) and ends the stream when a stop is
-    requested or the source ended.
+    `next` waits in Python (signal handlers run) and ends the stream when `stopped()`
+    says a stop is requested, or the source ended.
     """
 
-    def __init__(self, iterator, source: kafka.KafkaSource, state: KafkaState, trainer: Trainer):
-        self.iterator, self.source, self.state, self.trainer = iterator, source, state, trainer
+    def __init__(self, iterator, source: kafka.KafkaSource, state: KafkaState, stopped: Callable[[], bool]):
+        self.iterator, self.source, self.state, self.stopped = iterator, source, state, stopped
         self.element_spec = iterator.element_spec
         self.taken = 0
 
@@ -83,7 +86,7 @@ class StreamIterator:
         return self
 
     def __next__(self):
-        if not self.source.wait(self.taken, lambda: self.trainer.stop_requested):
+        if not self.source.wait(self.taken, self.stopped):
             raise StopIteration
         batch = next(self.iterator)
         self.taken += 1
@@ -91,15 +94,15 @@ class StreamIterator:
         return batch
 
 
-class CommitOffsets(TrainerCallback):
+class CommitOffsets(keras.callbacks.Callback):
     """Commits the trained offsets to the broker after each checkpoint (monitoring)."""
 
-    def __init__(self, trainer: Trainer, source: kafka.KafkaSource, state: KafkaState):
-        super().__init__(trainer)
-        self.source, self.state = source, state
+    def __init__(self, model_dir: ModelDir, source: kafka.KafkaSource, state: KafkaState):
+        super().__init__()
+        self.model_dir, self.source, self.state = model_dir, source, state
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.trainer.saved_step == batch:
+        if self.model_dir.saved_step == batch:
             self.source.commit(self.state.read())
 
 
@@ -116,30 +119,27 @@ def stream(trainer: Trainer, status_every: float | None = None) -> dict:
         DataError: the broker is unreachable at start-up or stays so mid-run (after a
             checkpoint), a topic is missing, or too many bad rows.
     """
-    config = trainer.config
-    trainer.prepare_model_dir()
+    config, model_dir = trainer.config, trainer.model_dir
+    model_dir.prepare()
     state = KafkaState()
-    trainer.open_checkpoint(kafka=state)  # the model, tables and offsets, together
-    trainer.delta_info = state.delta_info
+    model_dir.open_checkpoint(kafka=state)  # the model, tables and offsets, together
+    model_dir.delta_info = state.delta_info
     start_step, target = int(trainer.model.global_step), config.train.steps
     if target is not None and start_step >= target:
         return trainer.already_done(0)
     source = kafka.KafkaSource(config, state.read())
     source.start()
-    commit = CommitOffsets(trainer, source, state)
-    commit.set_model(trainer.model)
-    trainer.callbacks.callbacks.append(commit)
+    trainer.callbacks.append(CommitOffsets(model_dir, source, state))
     if status_every is not None:
         def lag():
             behind = source.lag(state.read())
             return None if behind is None else f"{behind:,} messages"
 
-        status = StreamStatus(lag, status_every)
-        status.set_model(trainer.model)
-        trainer.callbacks.callbacks.append(status)
+        trainer.callbacks.append(StreamStatus(lag, status_every))
     try:
         ds = trainer._transformed(kafka.dataset(config, source))
-        iterator = StreamIterator(iter(ds), source, state, trainer)
+        model = trainer.model
+        iterator = StreamIterator(iter(ds), source, state, lambda: bool(model.stop_training))
         began = time.perf_counter()
         trainer.callbacks.on_train_begin()
         steps = LocalRunner(config, trainer.model, trainer.epoch_dataset)
@@ -147,7 +147,7 @@ def stream(trainer: Trainer, status_every: float | None = None) -> dict:
         elapsed = time.perf_counter() - began
         if config.export.delta_every_steps or config.export.delta_every_seconds:
             if int(trainer.model.global_step) > start_step:
-                trainer.write_delta()  # the final delta, before the final checkpoint
+                model_dir.write_delta()  # the final delta, before the final checkpoint
         summary = trainer.finish(examples, elapsed, start_step)
         source.commit(state.read())
     finally:
@@ -155,8 +155,6 @@ def stream(trainer: Trainer, status_every: float | None = None) -> dict:
     if source.error is not None:
         raise source.error
     if trainer.interrupted is not None:
-        import signal
-
         summary["stopped"] = signal.Signals(trainer.interrupted).name
     summary["kafka_offsets"] = {f"{t}:{p}": o for (t, p), o in sorted(state.read().items())}
     return summary

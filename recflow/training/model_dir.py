@@ -1,292 +1,364 @@
-"""The model dir as a shared resource: one writer, no stale temp files, and
-checkpoints that are verified before they are trusted.
+"""The model dir: one owner for what a run keeps on disk (DESIGN.md section 5).
 
-- `writer_lock(model_dir, command)`: an advisory `fcntl.flock` on
-  `MODEL_DIR/.lock`, holding the writer's PID. Train, export and evaluate take
-  it; a second writer gets a one-line error naming the holder. The kernel drops
-  the lock when the holder dies, `kill -9` included.
-- `remove_stale_temps(model_dir)`: what killed writes leave behind
-  (`checkpoints/ckpt-N_temp*`, `export/.tmp-*`, `deltas/.tmp-*`, `*.tmp-PID`).
-  Only safe under the lock: then no other writer is staging anything.
-- `readable_checkpoint(checkpoint_dir)`: the newest `ckpt-N` whose index and
-  data read back whole (TF checks each tensor's CRC32C), falling back past
-  damaged ones with one warning naming their files.
-- `repair_checkpoints(checkpoint_dir, good)`: moves damaged checkpoints newer
-  than `good` to `checkpoints/.damaged/` and rebuilds the `checkpoint` index
-  file from the `ckpt-*` files present when it does not parse or disagrees.
-- `set_aside_stale_deltas(deltas_dir, step)`: deltas newer than the restored
-  checkpoint move to `deltas/.stale-<step>/`; the replayed steps rewrite them.
+`ModelDir` builds every path under `MODEL_DIR` that training writes, and owns the
+state that goes with it:
+
+- the writer lock (`recflow.training.lock.writer`, taken before the model is
+  built, without TensorFlow): one writer per model dir, and the temps of killed
+  writers removed under it;
+- checkpoints: open (the model, its optimizer, the delta chain, the model
+  structure, the input position and a runner's or stream's objects), restore
+  the newest one that reads back whole (damaged newer ones are set aside, see
+  `recflow.training.checkpoints`), save (a save that raised leaves nothing
+  staged);
+- the lifecycle rebuild (`evict`, on the checkpoint schedule), which keeps the
+  ids it removes for the next delta once a delta chain is on;
+- the delta chain (`recflow.training.deltas`: one sequence counter; a Kafka
+  stream adds its offsets through `delta_info`) and export versions (a version
+  is never rewritten);
+- `metrics.json` and `config.yaml`.
+
+Directories (exports, deltas) are written to a temp dir beside their place and
+renamed into it, one mechanism for both (`recflow.atomic.staged_dir`): a crash
+never leaves half of one. A delta replaces one of its step that the checkpoint
+does not record (the old one stays whole until the new one is complete).
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import glob
+import json
 import logging
 import os
-import re
 import shutil
-from collections.abc import Iterator
+from typing import Callable
 
-from recflow.atomic import write_text
+import tensorflow as tf
+
+from recflow.atomic import staged_dir, write_json
+from recflow.config.loader import dump_config
+from recflow.config.schema import Config
+from recflow.embedding import lifecycle, reshard
+from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
 from recflow.errors import RecflowError
+from recflow.export.saved_model import Exporter, dense_weights, existing_versions, saved_structure
+from recflow.models import identity
+from recflow.models.base import RankingModel
+from recflow.training import checkpoints
+from recflow.training.deltas import DeltaChain, set_aside_stale_deltas
+from recflow.training.lock import ensure_dir
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
-DAMAGED_DIR = ".damaged"
-_CKPT_INDEX = re.compile(r"ckpt-(\d+)\.index")
 
+class ModelDir:
+    """The model dir of one model: its checkpoints, deltas, exports and metrics.
 
-# ---------------------------------------------------------------------- lock
+    Args:
+        path: the model dir.
+        model: the model whose state it keeps (built).
+        config: the run config (`train.keep_checkpoints`, `export.keep`, the delta
+            schedule; written as `config.yaml` by a training run).
+        status: says what a long step is doing (a restore, a reshard); default silent.
+        timing: a `recflow.training.timing.Timing` whose `export` phase counts the exports.
 
-
-def ensure_dir(model_dir: str) -> None:
-    """Creates the model dir; one-line errors when the path is a file or cannot be made."""
-    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
-        raise RecflowError(f"{model_dir}: model dir is an existing file, not a directory")
-    try:
-        os.makedirs(model_dir, exist_ok=True)
-    except OSError as e:
-        raise RecflowError(f"{model_dir}: cannot create the model dir ({e.strerror})") from None
-
-
-@contextlib.contextmanager
-def writer_lock(model_dir: str, command: str) -> Iterator[None]:
-    """Holds the model dir's writer lock for the block.
-
-    Raises:
-        RecflowError: another process holds it (names its PID and command).
+    Attributes:
+        delta_info: `() -> dict` of more manifest fields, asked for at each delta
+            written (a Kafka stream's `kafka_offsets`), or None.
+        evicted_rows: rows the lifecycle rebuild removed so far, per logical table
+            (tables with an eviction policy only).
     """
-    ensure_dir(model_dir)
-    path = os.path.join(model_dir, LOCK_FILE)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except PermissionError:
-        raise RecflowError(
-            f"{model_dir}: not writable (permission denied on {LOCK_FILE}); train, evaluate and "
-            "export write the model dir: use one you can write, or copy it"
-        ) from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
-                raise
-            holder = os.pread(fd, 200, 0).decode("utf-8", "replace").split()
-            who = f"pid {holder[0]}" if holder else "another process"
-            what = f" (`recflow {' '.join(holder[1:])}`)" if len(holder) > 1 else ""
+
+    def __init__(
+        self,
+        path: str,
+        model: RankingModel,
+        config: Config,
+        status: Callable[[str], None] | None = None,
+        timing=None,
+    ):
+        self.path = path
+        self.model = model
+        self.config = config
+        self._status = status or (lambda message: None)
+        self._timing = timing
+        # What the variables mean (`recflow.models.identity`), in every checkpoint.
+        self.structure = identity.structure(model)
+        self._structure = tf.Variable(identity.dumps(self.structure), trainable=False, name=identity.VARIABLE)
+        self.deltas = DeltaChain()
+        self.delta_info: Callable[[], dict] | None = None
+        self.evicted_rows: dict[str, int] = {}
+        self._exporter = Exporter(model)  # one serving module, refreshed per export
+        self._checkpoint: tf.train.Checkpoint | None = None
+        self._manager: tf.train.CheckpointManager | None = None
+        self._saved_step = -1
+        self._record_config = False  # a training run writes config.yaml once its checkpoint restored
+
+    # ------------------------------------------------------------------ paths
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.path, "checkpoints")
+
+    @property
+    def deltas_dir(self) -> str:
+        return os.path.join(self.path, "deltas")
+
+    @property
+    def export_dir(self) -> str:
+        return os.path.join(self.path, "export")
+
+    @property
+    def logs_dir(self) -> str:
+        """TensorBoard's event files."""
+        return os.path.join(self.path, "logs")
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.path, "metrics.json")
+
+    def prepare(self) -> None:
+        """Creates the model dir for a training run; the next restore writes its config.yaml
+        (only then: the config must first prove it fits the model dir's checkpoint)."""
+        ensure_dir(self.path)
+        self._record_config = True
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def saved_value(self, name: str):
+        """A top-level variable of the newest readable checkpoint (None when none holds it),
+        read before the checkpoint is opened (see `checkpoints.saved_value`)."""
+        return checkpoints.saved_value(self.checkpoint_dir, name)
+
+    def open_checkpoint(self, iterator=None, restore: bool = True, **extra) -> None:
+        """Creates the checkpoint of the model, the optimizer, the delta chain, the input
+        position (`iterator`) and `extra` objects; restores the latest one when `restore`.
+
+        Args:
+            iterator: a `tf.data` iterator whose position goes into the checkpoint.
+            restore: restore the newest readable checkpoint (False: a new input pass of
+                a run already restored; the next save records it).
+            **extra: more trackable objects to save under their names (e.g. `epoch`).
+
+        Raises:
+            RecflowError: the checkpoint was written for another model structure or an
+                unreadable key format, or no checkpoint present reads back whole.
+        """
+        model = self.model
+        objects = {
+            "model": model,
+            "optimizer": model.optimizer,
+            **self.deltas.checkpointed(),
+            identity.VARIABLE: self._structure,
+            **extra,
+        }
+        if iterator is not None:
+            objects["iterator"] = iterator
+        self._checkpoint = tf.train.Checkpoint(**objects)
+        latest = None
+        if restore:
+            # The newest checkpoint that reads back whole; the index file is rebuilt
+            # to match before the manager reads it.
+            latest = checkpoints.readable_checkpoint(self.checkpoint_dir)
+            checkpoints.repair_checkpoints(self.checkpoint_dir, latest)
+        self._manager = tf.train.CheckpointManager(
+            self._checkpoint, self.checkpoint_dir, max_to_keep=self.config.train.keep_checkpoints
+        )
+        if not restore:
+            self._saved_step = -1  # the next checkpoint must record the new objects
+            return
+        if latest:
+            check_checkpoint(latest)
+            self._check_identity(latest)
+            self._status(f"Restoring {latest}")
+            self._checkpoint.restore(latest).expect_partial()
+            self._reshard(latest)
+            self._saved_step = int(model.global_step)
+            logger.info("restored %s at step %d", latest, self._saved_step)
+        set_aside_stale_deltas(self.deltas_dir, int(model.global_step))
+        if self._record_config:  # only once the model dir's checkpoint is known to fit
+            dump_config(self.config, os.path.join(self.path, "config.yaml"))
+
+    def _check_identity(self, checkpoint: str) -> None:
+        """Refuses (one line, nothing written) a checkpoint whose variables mean something
+        else under this config: see `recflow.models.identity`."""
+        reader = tf.train.load_checkpoint(checkpoint)
+        name = f"{identity.VARIABLE}/.ATTRIBUTES/VARIABLE_VALUE"
+        if not reader.has_tensor(name):
             raise RecflowError(
-                f"{model_dir}: in use by {who}{what}; one writer per model dir "
-                "(wait for it to finish, or use another --model-dir)"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {command}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)  # releases the flock
+                f"{self.path}: its checkpoint {os.path.basename(checkpoint)} records no model "
+                "structure (written by an older recflow), so it cannot be checked against this "
+                "config; train a new model dir"
+            )
+        saved = json.loads(reader.get_tensor(name).decode())
+        identity.check(saved, self.structure, self.path)
 
+    def _reshard(self, checkpoint: str) -> None:
+        """Moves the restored checkpoint's rows to their shards when it was written with
+        another number of shards (parameter servers): see `recflow.embedding.reshard`."""
+        engine = self.model.embedding
+        saved = reshard.saved_shards(checkpoint)
+        if saved and saved != engine.placement.num_shards:
+            self._status(
+                f"Resharding the tables of {os.path.basename(checkpoint)}: "
+                f"{saved} -> {engine.placement.num_shards} shards"
+            )
+            reshard.reshard(engine, checkpoint)
 
-# ---------------------------------------------------------------------- stale temps
+    def restore(self) -> int:
+        """Restores the latest checkpoint (without input position) unless one is open;
+        returns the global step (0: no checkpoint)."""
+        if self._checkpoint is None:
+            self.open_checkpoint()
+        return int(self.model.global_step)
 
+    @property
+    def saved_step(self) -> int:
+        """The step of the checkpoint last written or restored (-1: none yet)."""
+        return self._saved_step
 
-def remove_stale_temps(model_dir: str) -> list[str]:
-    """Removes temp files and dirs left by killed writers; returns them (relative paths).
-
-    Call only while holding `writer_lock`.
-    """
-    patterns = [
-        "checkpoints/ckpt-*_temp*",  # tf.train.CheckpointManager's staging
-        "checkpoints/.tmp*",
-        "export/.tmp-*",
-        "deltas/.tmp-*",
-        ".tmp-*",  # atomic.write_json
-        "*.tmp-*",  # config.yaml.tmp-PID
-    ]
-    removed = []
-    for pattern in patterns:
-        for path in glob.glob(os.path.join(model_dir, pattern)):
-            if os.path.isdir(path) and not os.path.islink(path):
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    os.remove(path)
-            removed.append(os.path.relpath(path, model_dir))
-    if removed:
-        logger.warning("%s: removed %d stale temp file(s) of killed runs: %s",
-                       model_dir, len(removed), ", ".join(sorted(removed)))
-    return sorted(removed)
-
-
-# ---------------------------------------------------------------------- checkpoints
-
-
-def checkpoint_steps(checkpoint_dir: str) -> list[int]:
-    """The N of every `ckpt-N.index` present, newest first."""
-    if not os.path.isdir(checkpoint_dir):
-        return []
-    steps = [int(m.group(1)) for m in map(_CKPT_INDEX.fullmatch, os.listdir(checkpoint_dir)) if m]
-    return sorted(steps, reverse=True)
-
-
-def checkpoint_files(prefix: str) -> list[str]:
-    """The files of checkpoint `prefix` (its index and data shards)."""
-    return sorted(glob.glob(glob.escape(prefix) + ".index") + glob.glob(glob.escape(prefix) + ".data-*"))
-
-
-_verified: dict[tuple, str | None] = {}
-_warned: set[tuple] = set()
-
-
-def _fingerprint(prefix: str) -> tuple:
-    stats = []
-    for path in checkpoint_files(prefix):
-        st = os.stat(path)
-        stats.append((path, st.st_size, st.st_mtime_ns))
-    return (prefix, tuple(stats))
-
-
-def verify_checkpoint(prefix: str) -> str | None:
-    """None when checkpoint `prefix` reads back whole, else why not (one line).
-
-    Reads every tensor: TF checks each one's length and CRC32C, so a truncated
-    data file, flipped bytes or an empty index are all caught.
-    """
-    import tensorflow as tf
-
-    key = _fingerprint(prefix)
-    if key in _verified:
-        return _verified[key]
-    index = prefix + ".index"
-    problem = None
-    if not os.path.exists(index) or os.path.getsize(index) == 0:
-        problem = f"{os.path.basename(index)} is empty"
-    else:
+    def save_checkpoint(self, evict: bool = True) -> str:
+        """Runs the lifecycle rebuild (unless `evict` is False: done already), then writes
+        a checkpoint of everything; a save that raises (a full disk) leaves nothing staged."""
+        step = int(self.model.global_step)
+        if evict:
+            self.evict()
         try:
-            reader = tf.train.load_checkpoint(prefix)
-            with tf.device("/cpu:0"):
-                for name, dtype in reader.get_variable_to_dtype_map().items():
-                    # RestoreV2 reads any dtype (the input position is a variant).
-                    tf.raw_ops.RestoreV2(
-                        prefix=prefix, tensor_names=[name], shape_and_slices=[""], dtypes=[dtype]
-                    )
-        except Exception as e:  # noqa: BLE001 - TF raises OpError, IndexError, ValueError...
-            text = getattr(e, "message", None) or str(e)
-            text = re.sub(r"\{\{.*?\}\}", "", text)  # {{function_node ...}}
-            text = re.sub(r"\s*\[Op:\w+\]", "", text)
-            problem = " ".join(text.split())[:200]
-    _verified[key] = problem
-    return problem
+            path = self._manager.save(checkpoint_number=step)
+        except BaseException:
+            checkpoints.discard_failed_save(self.checkpoint_dir, step)
+            raise
+        self._saved_step = step
+        return path
 
+    def state_changed(self) -> None:
+        """Something the checkpoint saves changed outside a step (a new epoch began): the
+        final checkpoint is written even at the step saved last."""
+        self._saved_step = -1
 
-def readable_checkpoint(checkpoint_dir: str) -> str | None:
-    """The newest checkpoint that reads back whole (its path prefix), or None if there is none.
+    def save_final_checkpoint(self, evict: bool = True) -> None:
+        """The end-of-training checkpoint, unless this step was just saved.
 
-    Damaged newer ones are skipped with one warning naming their files.
+        `evict`: the rebuild runs at it when training ended; not when a signal
+        interrupted it: the resumed run then goes on exactly as one never interrupted
+        (whose schedule has no eviction at this step).
+        """
+        if self._saved_step != int(self.model.global_step):
+            self.save_checkpoint(evict=evict)
 
-    Raises:
-        RecflowError: checkpoints exist but none is readable (names the files).
-    """
-    damaged = []
-    for step in checkpoint_steps(checkpoint_dir):
-        prefix = os.path.join(checkpoint_dir, f"ckpt-{step}")
-        problem = verify_checkpoint(prefix)
-        if problem is None:
-            if damaged and (checkpoint_dir, tuple(damaged)) not in _warned:
-                _warned.add((checkpoint_dir, tuple(damaged)))
-                logger.warning(
-                    "%s: damaged checkpoint(s) skipped, restoring %s instead: %s",
-                    checkpoint_dir, os.path.basename(prefix), "; ".join(damaged),
-                )
-            return prefix
-        files = ", ".join(os.path.basename(f) for f in checkpoint_files(prefix))
-        damaged.append(f"{files} ({problem})")
-    if damaged:
-        raise RecflowError(f"{checkpoint_dir}: no readable checkpoint; damaged: {'; '.join(damaged)}")
-    return None
+    # ------------------------------------------------------------------ lifecycle
 
+    def evict(self) -> None:
+        """The lifecycle rebuild at the current step: removes stale rows (`eviction.ttl_steps`
+        / `max_keys`) and stale admission counters.
 
-def repair_checkpoints(checkpoint_dir: str, good: str | None) -> None:
-    """Makes the dir agree with `good` (from `readable_checkpoint`): damaged newer
-    checkpoints move to `.damaged/`, and the `checkpoint` index file is rebuilt
-    from the `ckpt-*` files present when it does not parse or disagrees.
-
-    Call only while holding `writer_lock` (or in a process that owns the dir).
-    """
-    import tensorflow as tf
-
-    if good is None:
-        return
-    good_step = int(os.path.basename(good).rpartition("-")[2])
-    for step in checkpoint_steps(checkpoint_dir):
-        if step <= good_step:
-            break
-        aside = os.path.join(checkpoint_dir, DAMAGED_DIR)
-        os.makedirs(aside, exist_ok=True)
-        for path in checkpoint_files(os.path.join(checkpoint_dir, f"ckpt-{step}")):
-            os.replace(path, os.path.join(aside, os.path.basename(path)))
-    present = [os.path.join(checkpoint_dir, f"ckpt-{s}") for s in reversed(checkpoint_steps(checkpoint_dir))]
-    index = os.path.join(checkpoint_dir, "checkpoint")
-    state = None
-    if os.path.exists(index):
-        try:
-            state = tf.train.get_checkpoint_state(checkpoint_dir)
-        except (tf.errors.OpError, ValueError):
-            state = None
-    listed = []
-    if state is not None:
-        listed = [os.path.join(checkpoint_dir, os.path.basename(p)) for p in state.all_model_checkpoint_paths]
-        current = os.path.join(checkpoint_dir, os.path.basename(state.model_checkpoint_path))
-    if state is None or current != good or listed != present:
-        if os.path.exists(index) and state is None:
-            logger.warning("%s: unreadable; rebuilt from %s", index,
-                           ", ".join(os.path.basename(p) for p in present))
-        # The CheckpointState text proto, relative paths (what CheckpointManager writes).
-        lines = [f'model_checkpoint_path: "{os.path.basename(good)}"']
-        lines += [f'all_model_checkpoint_paths: "{os.path.basename(p)}"' for p in present]
-        write_text(index, "\n".join(lines) + "\n")
-
-
-def discard_failed_save(checkpoint_dir: str, step: int) -> None:
-    """Removes the staging of a checkpoint save that raised (e.g. a full disk)."""
-    for path in glob.glob(os.path.join(checkpoint_dir, f"ckpt-{step}_temp*")):
-        if os.path.isdir(path):
-            shutil.rmtree(path, ignore_errors=True)
+        Once a delta chain is on (deltas scheduled, or one written by `recflow export
+        --delta`) the ids removed are kept for the next delta; the rows each logical
+        table lost add to `evicted_rows`.
+        """
+        step = int(self.model.global_step)
+        engine = self.model.embedding
+        lost: dict[str, int] = {}
+        if not any(t.spec.eviction is not None for t in engine.physical_tables):
+            evicted = lifecycle.evict(engine, step)  # stale admission counters only
+        elif self.deltas.started(self._deltas_scheduled()):
+            evicted, gone = lifecycle.evict_tracked(engine, step)
+            self.deltas.forget(gone)
+            lost = {name: int(ids.size) for name, ids in gone.items()}
         else:
-            with contextlib.suppress(OSError):
-                os.remove(path)
+            before = _keys(engine)
+            evicted = lifecycle.evict(engine, step)
+            lost = {name: before.get(name, 0) - keys for name, keys in _keys(engine).items()}
+        for name, rows in lost.items():
+            self.evicted_rows[name] = self.evicted_rows.get(name, 0) + rows
+        if any(evicted.values()):
+            logger.info("step %d: evicted %s", step, evicted)
+
+    def _deltas_scheduled(self) -> bool:
+        export = self.config.export
+        return export.delta_every_steps is not None or export.delta_every_seconds is not None
+
+    # ------------------------------------------------------------------ deltas, exports
+
+    def write_delta(self) -> str:
+        """Writes `deltas/<step>/`: rows updated and ids evicted since the previous delta,
+        and the dense weights (layout in `recflow.embedding.lifecycle`); returns its path.
+
+        The previous delta's step and sequence number and the ids evicted since come
+        from the checkpoint, so a resumed run writes the same deltas as one never
+        stopped. A delta of this step that the checkpoint records is kept; one it does
+        not record is replaced.
+        """
+        step = int(self.model.global_step)
+        final = os.path.join(self.deltas_dir, str(step))
+        if os.path.isdir(final) and int(self.deltas.step) == step:
+            return final
+        with staged_dir(final, replace=True) as tmp:
+            self.deltas.write(
+                self.model.embedding, tmp, step,
+                structure_sha256=lifecycle.structure_fingerprint(self.structure),
+                dense=[(v.name, v.numpy()) for v in dense_weights(self.model)],
+                extra=self.delta_info() if self.delta_info is not None else None,
+            )  # fmt: skip
+        self.deltas.advance(step)
+        return final
+
+    def export(self) -> str:
+        """Writes `export/<global step>/` (a SavedModel, see `recflow.export.saved_model`)
+        and keeps the newest `export.keep` versions; returns its path.
+
+        A version is never rewritten: an existing export of the same step and model
+        structure (a replayed step, or `recflow export` run twice) is kept as it is.
+
+        Raises:
+            RecflowError: an export of this step exists for another model structure.
+        """
+        step = int(self.model.global_step)
+        final = os.path.join(self.export_dir, str(step))
+        with self._timing.phase("export") if self._timing else contextlib.nullcontext():
+            if os.path.isdir(final):
+                saved = saved_structure(final)
+                if saved is None or identity.changes(saved, self.structure):
+                    differs = "none recorded" if saved is None else (
+                        identity.changes(saved, self.structure)[0][0] + " differs"
+                    )
+                    raise RecflowError(
+                        f"{final}: an export of step {step} exists for another model structure "
+                        f"({differs}); versions are never rewritten: move it away, or train on "
+                        "to a later step"
+                    )
+                logger.info("%s exists (same step, same structure): kept", final)
+                return final
+            with staged_dir(final) as tmp:
+                self._exporter.save(tmp, step)
+            keep = self.config.export.keep
+            if keep:
+                for old in existing_versions(self.export_dir)[:-keep]:
+                    shutil.rmtree(os.path.join(self.export_dir, str(old)), ignore_errors=True)
+        return final
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics(self) -> dict:
+        """`metrics.json` as last written ({} when there is none, or it does not parse)."""
+        try:
+            with open(self.metrics_path, encoding="utf-8") as f:
+                written = json.load(f)
+        except (OSError, ValueError):
+            return {}
+        return written if isinstance(written, dict) else {}
+
+    def write_metrics(self, result: dict, merge: bool = False) -> None:
+        """Writes `metrics.json` (strict JSON); `merge`: over the metrics already there."""
+        write_json(self.metrics_path, {**self.metrics(), **result} if merge else result)
+
+    def ended(self, step: int) -> bool:
+        """Whether the model dir has the metrics and the export of a run that ended at `step`."""
+        return self.metrics().get("steps") == step and os.path.isdir(
+            os.path.join(self.export_dir, str(step))
+        )
 
 
-# ---------------------------------------------------------------------- deltas
-
-
-def delta_steps(deltas_dir: str) -> list[int]:
-    if not os.path.isdir(deltas_dir):
-        return []
-    return sorted(int(d) for d in os.listdir(deltas_dir) if d.isdigit())
-
-
-def set_aside_stale_deltas(deltas_dir: str, step: int) -> str | None:
-    """Moves `deltas/<n>` with n > `step` to `deltas/.stale-<step>/`; returns that dir.
-
-    They were written by a run killed after its last checkpoint; the resumed
-    run replays those steps and writes them again.
-    """
-    stale = [n for n in delta_steps(deltas_dir) if n > step]
-    if not stale:
-        return None
-    aside = os.path.join(deltas_dir, f".stale-{step}")
-    suffix = 1
-    while os.path.exists(aside):
-        suffix += 1
-        aside = os.path.join(deltas_dir, f".stale-{step}.{suffix}")
-    os.makedirs(aside)
-    for n in stale:
-        os.replace(os.path.join(deltas_dir, str(n)), os.path.join(aside, str(n)))
-    logger.warning(
-        "%s: %d delta(s) newer than the restored checkpoint (step %d) moved to %s; "
-        "the replayed steps write them again", deltas_dir, len(stale), step, aside,
-    )
-    return aside
+def _keys(engine: EmbeddingEngine) -> dict[str, int]:
+    """Keys with a row, per logical table."""
+    return {name: s["keys"] for name, s in engine.table_stats().items()}

@@ -14,7 +14,7 @@ from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
 from recflow.embedding.placement import ModPlacement
 from recflow.errors import RecflowError
 from recflow.models.registry import get_model_class
-from recflow.training.model_dir import checkpoint_steps
+from recflow.training.checkpoints import checkpoint_steps
 
 _SHARD_NAME = re.compile(r"^model/embedding/physical_tables/0/rows/shards/(\d+)/")
 

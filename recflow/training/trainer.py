@@ -1,14 +1,12 @@
-"""The training loop: input, steps, checkpoints, lifecycle hooks, evaluation, export."""
+"""The training loop: input, steps, callbacks, evaluation; the model dir's state is a `ModelDir`'s."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
-import shutil
 import signal
 import threading
 import time
@@ -19,43 +17,24 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recflow import data as data_lib
-from recflow.atomic import write_json
-from recflow.config.loader import dump_config
 from recflow.config.schema import Config
 from recflow.data import fit
 from recflow.data.records import NONFINITE, TRUNCATED, reused
-from recflow.embedding import lifecycle, reshard
-from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
-from recflow.errors import DataError, RecflowError
-from recflow.export.saved_model import Exporter, dense_weights
+from recflow.errors import DataError
 from recflow.features.transform import transform
-from recflow.models import build_model, identity
+from recflow.models import build_model
 from recflow.models.base import RankingModel
-from recflow.training import model_dir as model_dir_lib
 from recflow.training import warm_start as warm_start_lib
-from recflow.training.callbacks import (
-    CallbackList,
-    TableHealth,
-    default_callbacks,
-    write_evaluation,
-)
+from recflow.training.callbacks import CallbackList, default_callbacks, write_evaluation
 from recflow.training.dense_optimizer import make_dense_optimizer
 from recflow.training.evaluator import Evaluator
+from recflow.training.model_dir import ModelDir
 from recflow.training.progress import Progress, pass_position
 from recflow.training.runner import LocalRunner, StepReport
 from recflow.training.timing import Timing
 
 logger = logging.getLogger(__name__)
-
-def saved_value(checkpoint_dir: str, name: str):
-    """A top-level variable of the newest readable checkpoint, read without building a model."""
-    latest = model_dir_lib.readable_checkpoint(checkpoint_dir)
-    if latest is None:
-        return None
-    reader = tf.train.load_checkpoint(latest)
-    key = f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
-    return reader.get_tensor(key) if key in reader.get_variable_to_shape_map() else None
 
 
 class Trainer:
@@ -64,7 +43,9 @@ class Trainer:
     `fit` is one loop over a step runner (`make_runner`: in this process, or on
     parameter-server workers) and Keras callbacks: the built-in schedule
     (eviction, delta, export, checkpoint, TensorBoard; see
-    `recflow.training.callbacks`) and then `callbacks`.
+    `recflow.training.callbacks`) and then `callbacks`. What the run keeps on
+    disk (checkpoints, deltas, exports, metrics) is `self.model_dir`'s, a
+    `recflow.training.model_dir.ModelDir`.
 
     Args:
         config: the run config.
@@ -93,13 +74,13 @@ class Trainer:
         strategy=None,
         make_runner: Callable | None = None,
     ):
-        self.model_dir = model_dir or config.train.model_dir
+        path = model_dir or config.train.model_dir
         self.verbose = verbose
         self.warm_start = warm_start
         self.warm_start_report: dict | None = None
         rows = config.data.sample_rows
         config, warnings = fit.resolve(  # `auto` normalizers
-            config, self.model_dir,
+            config, path,
             on_fit=lambda names: self.status(
                 f"Fitting {_count(names, 'auto normalizer')} on the first {rows:,} rows of data.train"
             ),
@@ -117,28 +98,11 @@ class Trainer:
             self.model.build_weights()  # before any step is traced: the step traces once
         self.model.train_step = self.timing.traced(self.model.train_step)
         self._evaluator: Evaluator | None = None  # one per trainer: its predict traces once
-        self._exporter = Exporter(self.model)  # one serving module, refreshed per export
-        self._checkpoint = None
-        self._manager = None
-        # The step of the last delta written, saved in each checkpoint: a resume
-        # continues the delta chain from its checkpoint, not from what is on disk.
-        self._delta_step = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_step")
-        # The delta chain's last sequence number, and the raw ids evicted since its last
-        # delta (`lifecycle.ids_to_bytes`), checkpointed: a restart between an eviction
-        # and the next delta still tells the servers to forget them.
-        self._delta_sequence = tf.Variable(0, dtype=tf.int64, trainable=False, name="delta_sequence")
-        self._pending_evicted = tf.Variable(b"", dtype=tf.string, trainable=False, name="pending_evicted")
-        # What the variables mean (`recflow.models.identity`), in every checkpoint.
-        self.structure = identity.structure(self.model)
-        self._structure = tf.Variable(
-            identity.dumps(self.structure), trainable=False, name=identity.VARIABLE
-        )
-        self._saved_step = -1
-        self._record_config = False  # training writes config.yaml once its checkpoint restored
+        self.model_dir = ModelDir(path, self.model, config, status=self.status, timing=self.timing)
         self.interrupted: int | None = None  # the signal that stopped training, if one did
         self.model.stop_training = False
-        self.table_health = TableHealth(self)  # evictions and admissions, for TensorBoard
-        self.callbacks = CallbackList(default_callbacks(self) + list(callbacks or []), self.model)
+        built_in = default_callbacks(self.model_dir, config, self.model.embedding)
+        self.callbacks = CallbackList(built_in + list(callbacks or []), self.model)
         self.runner = None
         self.examples_trained = 0  # rows trained by this process's run, each once
         self.examples_applied = 0  # rows whose updates were applied (PS: retried chunks again)
@@ -146,8 +110,6 @@ class Trainer:
         self.bad_rows = 0
         self.nonfinite_values = 0  # numeric values read as missing: inf, overflow, "nan"
         self.truncated_rows = 0  # multi_hot rows cut to max_values
-        # More delta manifest fields, asked for at each delta (a stream's sequence, offsets).
-        self.delta_info: Callable[[], dict] | None = None
 
     def status(self, message: str) -> None:
         """Says what a long set-up step is doing (printed with the progress bar, verbose=1)."""
@@ -216,192 +178,6 @@ class Trainer:
         ds = data_lib.make_dataset(config, "train", epochs=1)
         return self._transformed(ds)
 
-    # ------------------------------------------------------------------ checkpoints
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return os.path.join(self.model_dir, "checkpoints")
-
-    def open_checkpoint(self, iterator=None, restore: bool = True, **extra) -> None:
-        """Creates the checkpoint of the model, the optimizer, the delta chain, the input
-        position (`iterator`) and `extra` objects; restores the latest one when `restore`.
-
-        Args:
-            iterator: a `tf.data` iterator whose position goes into the checkpoint.
-            restore: restore the newest readable checkpoint (False: a new input pass of
-                a run already restored; the next save records it).
-            **extra: more trackable objects to save under their names (e.g. `epoch`).
-        """
-        model = self.model
-        objects = {
-            "model": model,
-            "optimizer": model.optimizer,
-            "delta_step": self._delta_step,
-            "delta_sequence": self._delta_sequence,
-            "pending_evicted": self._pending_evicted,
-            identity.VARIABLE: self._structure,
-            **extra,
-        }
-        if iterator is not None:
-            objects["iterator"] = iterator
-        self._checkpoint = tf.train.Checkpoint(**objects)
-        latest = None
-        if restore:
-            # The newest checkpoint that reads back whole; the index file is rebuilt
-            # to match before the manager reads it.
-            latest = model_dir_lib.readable_checkpoint(self.checkpoint_dir)
-            model_dir_lib.repair_checkpoints(self.checkpoint_dir, latest)
-        self._manager = tf.train.CheckpointManager(
-            self._checkpoint, self.checkpoint_dir, max_to_keep=self.config.train.keep_checkpoints
-        )
-        if not restore:
-            self._saved_step = -1  # the next checkpoint must record the new objects
-            return
-        if latest:
-            check_checkpoint(latest)
-            self.check_identity(latest)
-            self.status(f"Restoring {latest}")
-            self._checkpoint.restore(latest).expect_partial()
-            self._reshard(latest)
-            self._saved_step = int(model.global_step)
-            logger.info("restored %s at step %d", latest, self._saved_step)
-        model_dir_lib.set_aside_stale_deltas(
-            os.path.join(self.model_dir, "deltas"), int(model.global_step)
-        )
-        if self._record_config:  # only once the model dir's checkpoint is known to fit
-            dump_config(self.config, os.path.join(self.model_dir, "config.yaml"))
-
-    def _reshard(self, checkpoint: str) -> None:
-        """Moves the restored checkpoint's rows to their shards when it was written with
-        another number of shards (parameter servers): see `recflow.embedding.reshard`."""
-        engine = self.model.embedding
-        saved = reshard.saved_shards(checkpoint)
-        if saved and saved != engine.placement.num_shards:
-            self.status(
-                f"Resharding the tables of {os.path.basename(checkpoint)}: "
-                f"{saved} -> {engine.placement.num_shards} shards"
-            )
-            reshard.reshard(engine, checkpoint)
-
-    def check_identity(self, checkpoint: str) -> None:
-        """Refuses (one line, nothing written) a checkpoint whose variables mean something
-        else under this config: see `recflow.models.identity`."""
-        reader = tf.train.load_checkpoint(checkpoint)
-        name = f"{identity.VARIABLE}/.ATTRIBUTES/VARIABLE_VALUE"
-        if not reader.has_tensor(name):
-            raise RecflowError(
-                f"{self.model_dir}: its checkpoint {os.path.basename(checkpoint)} records no model "
-                "structure (written by an older recflow), so it cannot be checked against this "
-                "config; train a new model dir"
-            )
-        saved = json.loads(reader.get_tensor(name).decode())
-        identity.check(saved, self.structure, self.model_dir)
-
-    def restore(self) -> int:
-        """Restores the latest checkpoint (without input position); returns its step."""
-        if self._checkpoint is None:
-            self.open_checkpoint()
-        return int(self.model.global_step)
-
-    def evict(self) -> None:
-        """Removes stale rows (eviction runs at every checkpoint)."""
-        step = int(self.model.global_step)
-        with self.table_health.evicting():
-            if self._tracks_evictions():
-                evicted, gone = lifecycle.evict_tracked(self.model.embedding, step)
-                if gone:
-                    pending = lifecycle.ids_from_bytes(self._pending_evicted.numpy())
-                    pending = lifecycle.merge_ids(pending, gone)
-                    self._pending_evicted.assign(lifecycle.ids_to_bytes(pending))
-            else:
-                evicted = lifecycle.evict(self.model.embedding, step)
-        if any(evicted.values()):
-            logger.info("step %d: evicted %s", step, evicted)
-
-    def _tracks_evictions(self) -> bool:
-        """Evicted ids are kept for the next delta once a delta chain is on (configured,
-        or started by `recflow export --delta`) and some table evicts."""
-        export = self.config.export
-        scheduled = export.delta_every_steps is not None or export.delta_every_seconds is not None
-        chain = scheduled or int(self._delta_step) > 0
-        return chain and any(t.spec.eviction is not None for t in self.model.embedding.physical_tables)
-
-    def save_checkpoint(self, evict: bool = True) -> str:
-        """Evicts stale rows (unless `evict` is False: done already), then writes a
-        checkpoint of everything."""
-        step = int(self.model.global_step)
-        if evict:
-            self.evict()
-        try:
-            path = self._manager.save(checkpoint_number=step)
-        except BaseException:
-            model_dir_lib.discard_failed_save(self.checkpoint_dir, step)
-            raise
-        self._saved_step = step
-        return path
-
-    @property
-    def saved_step(self) -> int:
-        """The step of the checkpoint last written or restored (-1: none yet)."""
-        return self._saved_step
-
-    def save_final_checkpoint(self) -> None:
-        """The end-of-training checkpoint, unless this step was just saved.
-
-        Eviction runs at it when training ended; not when a signal interrupted it: the
-        resumed run then goes on exactly as one never interrupted (whose schedule has no
-        eviction at this step).
-        """
-        if self._saved_step != int(self.model.global_step):
-            self.save_checkpoint(evict=self.interrupted is None)
-
-    def write_delta(self) -> str:
-        """Writes `deltas/<step>/`: rows updated and ids evicted since the previous delta,
-        and the dense weights (kept if up to date; layout in `recflow.embedding.lifecycle`).
-
-        The previous delta's step and sequence number and the ids evicted since come
-        from the checkpoint, so a resumed run writes the same deltas as one that was
-        never stopped.
-        """
-        step, since = int(self.model.global_step), int(self._delta_step)
-        deltas = os.path.join(self.model_dir, "deltas")
-        final = os.path.join(deltas, str(step))
-        if os.path.isdir(final) and since == step:
-            return final
-        old = None
-        if os.path.isdir(final):  # a delta of this step not recorded in the checkpoint
-            old = os.path.join(deltas, f".tmp-replaced-{step}")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(final, old)
-        try:
-            path = lifecycle.write_delta(
-                self.model.embedding,
-                deltas,
-                since,
-                step,
-                sequence=int(self._delta_sequence) + 1,
-                structure_sha256=lifecycle.structure_fingerprint(self.structure),
-                dense=[(v.name, v.numpy()) for v in dense_weights(self.model)],
-                evicted=lifecycle.ids_from_bytes(self._pending_evicted.numpy()),
-                extra=self.delta_info() if self.delta_info is not None else None,
-            )
-        except BaseException:
-            if old is not None:
-                os.replace(old, final)
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        self._delta_step.assign(step)
-        self._delta_sequence.assign_add(1)
-        self._pending_evicted.assign(b"")
-        return path
-
-    def export(self) -> str:
-        """Writes `export/<global step>/` (replacing an export of the same step)."""
-        step = int(self.model.global_step)
-        with self.timing.phase("export"):
-            return self._exporter.export(self.model_dir, keep=self.config.export.keep, step=step)
-
     # ------------------------------------------------------------------ train
 
     def _scope(self):
@@ -429,28 +205,28 @@ class Trainer:
             DataError: a pass read no rows, nothing was trained, too many bad rows,
                 or a non-finite loss.
         """
-        config = self.config
-        self.prepare_model_dir()
+        config, model_dir = self.config, self.model_dir
+        model_dir.prepare()
         epochs = config.train.total_epochs  # None: as many as `train.steps` needs
         epoch = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-        saved = saved_value(self.checkpoint_dir, "epoch")
+        saved = model_dir.saved_value("epoch")
         epoch.assign(0 if saved is None else int(saved))
         steps = config.train.steps
         if saved is not None and steps is None and int(epoch) >= epochs:
             return self.already_done(int(epoch))
         runner = self.runner = self.make_runner()
-        self.open_checkpoint(epoch=epoch, **runner.start_epoch(int(epoch)))
+        model_dir.open_checkpoint(epoch=epoch, **runner.start_epoch(int(epoch)))
         # Steps of a pass, for the progress bar only (none under PS, or without a bar).
         local = isinstance(runner, LocalRunner)
         per_epoch = self.steps_per_epoch(runner.files) if (self.verbose and local) else None
-        if self.warm_start and self._saved_step < 0:  # a new model dir: nothing restored
+        if self.warm_start and model_dir.saved_step < 0:  # a new model dir: nothing restored
             self.warm_start_report = warm_start_lib.warm_start(self.model, self.warm_start)
             if self.verbose:
                 print(warm_start_lib.describe(self.warm_start_report))
         began, start = time.perf_counter(), int(self.model.global_step)
         if steps is not None and start >= steps:
             return self.already_done(int(epoch))
-        self.callbacks.on_train_begin()
+        self.callbacks.on_train_begin({"examples": self.examples_trained})
         examples, resumed = 0, start > 0
         while not self.stop_requested:
             if self.verbose and epochs:
@@ -480,8 +256,8 @@ class Trainer:
             # included: a run given more epochs later starts that pass at its beginning).
             items = runner.start_epoch(int(epoch), last)
             if items is not None:
-                self.open_checkpoint(restore=False, epoch=epoch, **items)
-            self._saved_step = -1  # the final checkpoint must record the new epoch
+                model_dir.open_checkpoint(restore=False, epoch=epoch, **items)
+            model_dir.state_changed()  # the final checkpoint must record the new epoch
             self.callbacks.on_epoch_end(int(epoch) - 1, {"examples": self.examples_trained})
             if last:
                 self.interrupted = None  # a signal during the last step: the run is complete
@@ -493,24 +269,10 @@ class Trainer:
             )
         return self.finish(examples, time.perf_counter() - began, start)
 
-    def _ended(self, step: int) -> bool:
-        """Whether the model dir has the metrics and the export of a run that ended at `step`."""
-        try:
-            with open(os.path.join(self.model_dir, "metrics.json"), encoding="utf-8") as f:
-                written = json.load(f).get("steps")
-        except (OSError, ValueError):
-            return False
-        return written == step and os.path.isdir(os.path.join(self.model_dir, "export", str(step)))
-
     def already_done(self, epoch: int) -> dict:
         """The summary of a model dir whose run is complete: nothing trained, nothing exported."""
-        step = self.restore()
+        step = self.model_dir.restore()
         return {"steps": step, "epoch": epoch, "examples": 0, "already_done": True}
-
-    def prepare_model_dir(self) -> None:
-        """Creates the model dir; its config.yaml is written once its checkpoint restored."""
-        model_dir_lib.ensure_dir(self.model_dir)
-        self._record_config = True
 
     @property
     def stop_requested(self) -> bool:
@@ -607,9 +369,11 @@ class Trainer:
 
     def finish(self, examples: int, elapsed: float, start_step: int) -> dict:
         """Ends training: the callbacks' `on_train_end` (the final checkpoint, with
-        eviction, unless one was just written); returns a summary."""
+        eviction unless a signal interrupted training, unless one was just written);
+        returns a summary."""
         step = int(self.model.global_step)
-        self.callbacks.on_train_end({"steps": step, "examples": examples})
+        interrupted = self.interrupted is not None
+        self.callbacks.on_train_end({"steps": step, "examples": examples, "interrupted": interrupted})
         if self.verbose and step > start_step:
             print()
         return {
@@ -629,7 +393,7 @@ class Trainer:
             self._evaluator = Evaluator(self.config, self.model, self._transformed)
         with self.timing.phase("eval"):
             result = self._evaluator.evaluate()
-        write_evaluation(self.model_dir, int(self.model.global_step), result)
+        write_evaluation(self.model_dir.logs_dir, int(self.model.global_step), result)
         return result
 
     def run(self, train: Callable[[], dict] | None = None) -> dict:
@@ -646,7 +410,7 @@ class Trainer:
             summary["interrupted"] = signal.Signals(self.interrupted).name
             return summary
         if summary.get("already_done"):
-            if self._ended(summary["steps"]):
+            if self.model_dir.ended(summary["steps"]):
                 return summary
             # Killed after its final checkpoint: the run's evaluation, export and metrics
             # are still to be written.
@@ -667,10 +431,10 @@ class Trainer:
         if self.config.data.format == "synthetic" and self.config.task.type != "retrieval":
             oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
             result["oracle_auc"] = round(float(oracle), 6)
-        result["export"] = self.export()
+        result["export"] = self.model_dir.export()
         passes = (self.config.train.total_epochs or 0) if train is None else 0
         result["timing"] = self.timing.as_dict(summary.get("examples", 0), passes)
-        write_json(os.path.join(self.model_dir, "metrics.json"), result)
+        self.model_dir.write_metrics(result)
         return result
 
 

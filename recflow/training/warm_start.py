@@ -34,7 +34,7 @@ from recflow.config.loader import load_config
 from recflow.embedding.placement import ModPlacement
 from recflow.errors import RecflowError
 from recflow.models import build_model, identity
-from recflow.training import model_dir as model_dir_lib
+from recflow.training.checkpoints import readable_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def _source_model(source: str):
     config_path = os.path.join(source, "config.yaml")
     if not os.path.isfile(config_path):
         raise RecflowError(f"--warm-start {source}: not a model dir (no config.yaml)")
-    latest = model_dir_lib.readable_checkpoint(os.path.join(source, "checkpoints"))
+    latest = readable_checkpoint(os.path.join(source, "checkpoints"))
     if latest is None:
         raise RecflowError(f"--warm-start {source}: no checkpoint to start from")
     config = load_config(config_path)
