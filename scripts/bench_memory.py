@@ -130,7 +130,9 @@ def _fill(engine, keys: int, seed: int = 7) -> None:
         slots = tf.random.stateless_uniform([n, layout.slots_width], seed_pair, 0.1, 1.0)
         table.rows.insert(keys_, layout.pack(emb, slots, tf.fill([n], 3), last))
         stale = keys_[: n // 8]  # counters left behind by admitted keys
-        waiting = encode(tf.random.stateless_uniform([n // 8], seed_pair + 1, None, None, tf.int64), 0)
+        waiting = encode(
+            tf.random.stateless_uniform([n // 8], seed_pair + 1, None, None, tf.int64), 0
+        )
         counter_keys = tf.concat([stale, waiting], 0)
         seen_last = tf.stack([tf.ones_like(counter_keys[:, 0], tf.int32),
                               tf.where(tf.range(tf.shape(counter_keys)[0]) % 2 == 0, 1, STEP)], 1)  # fmt: skip
@@ -249,8 +251,16 @@ def main(argv=None) -> int:
     print()
     print(
         markdown(
-            ["keys", "operation", "steady B/key", "peak B/key", "peak / steady",
-             "after restore B/key", "rows after", "counters after"],
+            [
+                "keys",
+                "operation",
+                "steady B/key",
+                "peak B/key",
+                "peak / steady",
+                "after restore B/key",
+                "rows after",
+                "counters after",
+            ],
             rows,
         )  # fmt: skip
     )

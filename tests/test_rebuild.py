@@ -45,7 +45,9 @@ def make_engine(shards: int, max_keys: int | None) -> EmbeddingEngine:
 def random_rows(seed: int = 0) -> dict:
     """N distinct ids with rows; counts are a permutation, so (count, last) never ties."""
     rng = np.random.default_rng(seed)
-    ids = np.unique(np.concatenate([rng.integers(-(2**63), 2**63 - 1, N, np.int64, True), EXTREMES]))
+    ids = np.unique(
+        np.concatenate([rng.integers(-(2**63), 2**63 - 1, N, np.int64, True), EXTREMES])
+    )
     n = ids.size
     return {
         "ids": rng.permutation(ids),  # insertion order unrelated to id order
@@ -56,7 +58,9 @@ def random_rows(seed: int = 0) -> dict:
     }
 
 
-def fill(engine: EmbeddingEngine, rows: dict, waiting: np.ndarray, waiting_last: np.ndarray) -> None:
+def fill(
+    engine: EmbeddingEngine, rows: dict, waiting: np.ndarray, waiting_last: np.ndarray
+) -> None:
     table = engine.physical_tables[0]
     n = rows["ids"].size
     for start in range(0, n, 500):  # step by step: the segments double as they fill
