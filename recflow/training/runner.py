@@ -28,7 +28,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from recflow.data.pipeline import NONFINITE, TRUNCATED
+from recflow.data.records import NONFINITE, TRUNCATED
 from recflow.quiet import native_stderr_silenced
 
 logger = logging.getLogger(__name__)
