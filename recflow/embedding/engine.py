@@ -186,35 +186,54 @@ class _PhysicalTable(tf.Module):
             keep = tf.scatter_nd(top[:, None], tf.ones_like(top, tf.bool), tf.shape(keep))
         return keep
 
-    def rebuild_shard(self, shard: int, step: int) -> int:
+    def rebuild_shard(self, shard: int, step: int, evicted: list | None = None) -> int:
         """Applies eviction and drops stale counters by rebuilding the shard; returns rows evicted.
 
         Runs on the shard's device (its PS task): no row leaves it. The rows are
         rebuilt when some are evicted or their load fell below `MIN_LOAD`; the
-        counters whenever they exist (admitted keys leave theirs behind).
+        counters whenever they exist (admitted keys leave theirs behind). Both
+        stream segment by segment (`ShardedTable.rebuild_shard`); what is read whole
+        is the survivors' decision: two int32 columns per row. The evicted rows'
+        keys are appended to `evicted` when given.
         """
         rows = self.rows
-        keys, values, buckets = rows.export_shard_with_buckets(shard)
+        if self.counters is not None:
+            self._rebuild_counters(shard, step)
+        meta = self.layout.dim + self.layout.slots_width
         with tf.device(rows.placement.device(shard)):
-            _, _, count, last = self.layout.split(values)
-            keep = self._keep(count, last, step)
-            if self.counters is not None:
-                waiting, counters = self.counters.export_shard(shard)
-                # Counters of keys that got a row are stale; ttl also drops idle waiting keys.
-                row_count = self.layout.split(rows.lookup_shard(shard, waiting))[2]
-                live = row_count <= 0
-                ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
+            columns = [rows.segment_columns(shard, j, meta, meta + 2) for j in range(rows.segments)]
+            held = [int(tf.shape(c)[0]) for c in columns]
+            count, last = tf.unstack(tf.bitcast(tf.concat(columns, 0), tf.int32), axis=1)
+            del columns
+            keep = tf.split(self._keep(count, last, step), held)
+            survivors = sum(int(tf.math.count_nonzero(k)) for k in keep)
+            evicted_rows = sum(held) - survivors
+            if evicted_rows or survivors < MIN_LOAD * rows.num_buckets(shard):
+                rows.rebuild_shard(shard, keep, self.step_keys, evicted)
+            return evicted_rows
+
+    def _rebuild_counters(self, shard: int, step: int) -> None:
+        """Drops the counters of keys that got a row and, with a ttl, of keys idle as long."""
+        counters = self.counters
+        ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
+        with tf.device(counters.placement.device(shard)):
+            keep = []
+            for j in range(counters.segments):
+                live = self._rowless(shard, counters.segment_keys(shard, j))
                 if ttl is not None:
-                    live = tf.logical_and(live, counters[:, 1] > step - ttl)
-                waiting = tf.boolean_mask(waiting, live)
-                self.counters.rebuild_shard(
-                    shard, waiting, tf.boolean_mask(counters, live), self.step_keys
-                )
-            survivors = tf.boolean_mask(keys, keep)
-            evicted = int(tf.shape(keys)[0]) - int(tf.shape(survivors)[0])
-            if evicted or int(tf.shape(survivors)[0]) < MIN_LOAD * buckets:
-                rows.rebuild_shard(shard, survivors, tf.boolean_mask(values, keep), self.step_keys)
-            return evicted
+                    last = counters.segment_columns(shard, j, 1, 2)[:, 0]
+                    live = tf.logical_and(live, last > step - ttl)
+                keep.append(live)
+            counters.rebuild_shard(shard, keep, self.step_keys)
+
+    def _rowless(self, shard: int, keys: tf.Tensor, chunk: int = 1 << 16) -> tf.Tensor:
+        """Which of `keys` (on shard `shard`) have no row, looked up `chunk` keys at a time."""
+        count = self.layout.dim + self.layout.slots_width  # the row's count column
+        parts = []
+        for start in range(0, int(tf.shape(keys)[0]), chunk):
+            found = self.rows.lookup_shard(shard, keys[start : start + chunk])
+            parts.append(tf.bitcast(found[:, count], tf.int32) <= 0)
+        return tf.concat(parts, 0) if parts else tf.zeros([0], tf.bool)
 
 
 class LogicalRows(NamedTuple):
@@ -546,15 +565,36 @@ class EmbeddingEngine(tf.Module):
         """Evicts (`ttl_steps`, `max_keys`) and drops stale admission counters at `step`.
 
         Each shard of a table with an eviction or admission policy is rebuilt
-        from its survivors on its own device, sized to them. Returns the rows
-        evicted per physical table.
+        from its survivors on its own device, sized to them, segment by segment.
+        Returns the rows evicted per physical table.
         """
+        return self._rebuild(step, None)
+
+    def rebuild_tracked(self, step: int) -> tuple[dict[str, int], dict[str, np.ndarray]]:
+        """`rebuild`, and the raw ids each logical table lost (sorted, int64; only tables
+        that lost some)."""
+        keys: dict = {}
+        evicted = self._rebuild(step, keys)
+        ids = {}
+        for table in self.physical_tables:
+            found = keys.get(table.spec.name, [])
+            if not found:
+                continue
+            slots, raw = decode(np.concatenate([k.numpy() for k in found]))
+            for slot, logical in enumerate(table.spec.logical):
+                mine = raw[slots == slot]
+                if mine.size:
+                    ids[logical.name] = np.unique(mine)
+        return evicted, ids
+
+    def _rebuild(self, step: int, keys: dict | None) -> dict[str, int]:
         evicted = {}
         for table in self.physical_tables:
             if table.spec.eviction is None and table.counters is None:
                 continue
+            found = None if keys is None else keys.setdefault(table.spec.name, [])
             evicted[table.spec.name] = sum(
-                table.rebuild_shard(shard, step) for shard in range(table.rows.num_shards)
+                table.rebuild_shard(shard, step, found) for shard in range(table.rows.num_shards)
             )
         return evicted
 

@@ -47,13 +47,7 @@ def evict(engine: EmbeddingEngine, step: int) -> dict[str, int]:
 def evict_tracked(engine: EmbeddingEngine, step: int) -> tuple[dict[str, int], dict[str, np.ndarray]]:
     """`evict`, and the raw ids each logical table lost (sorted, int64): what the next
     delta must tell a serving copy to forget."""
-    before = {name: rows.ids for name, rows in engine.logical_rows().items()}
-    evicted = evict(engine, step)
-    if not any(evicted.values()):
-        return evicted, {}
-    after = engine.logical_rows()
-    gone = {name: np.setdiff1d(ids, after[name].ids) for name, ids in before.items()}
-    return evicted, {name: ids for name, ids in gone.items() if ids.size}
+    return engine.rebuild_tracked(step)
 
 
 def merge_ids(pending: dict[str, np.ndarray], more: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

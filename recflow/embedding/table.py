@@ -15,12 +15,20 @@ a load of 0.8, so one table per shard would hold 1.25x-2.5x the buckets its keys
 need. Each shard is instead split into `SEGMENTS` tables by the key's route
 (bits 47..62 of its mixed id, uniform), each segment taking a share of the
 routes proportional to its buckets. A rebuild picks segment sizes whose sum is
-within 1/32 of what the survivors and one step's keys need, so right after a
-rebuild a shard holds at most ~1.3x the buckets of its keys (plus that headroom);
-growth between rebuilds doubles one segment at a time.
+within 1/16 of what the survivors and one step's keys need, none more than half
+of the sum, so right after a rebuild a shard holds at most ~1.35x the buckets of
+its keys (plus that headroom); growth between rebuilds doubles one segment at a time.
+
+**Streaming rebuild.** A segment's export is its bucket arrays themselves, not a
+copy. A rebuild copies out one old segment's survivors at a time, already split by
+their new segment, and empties that segment before the next; then it sizes and
+fills the new segments one at a time, freeing their survivors as it goes. At most
+about one segment's survivors are alive beyond the table itself.
 """
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -40,17 +48,24 @@ def segment_buckets(keys: int, headroom: int = 0, segments: int = SEGMENTS) -> l
     """Bucket counts of the segments in use (powers of two, largest first) for `keys + headroom`.
 
     Their sum is the least number >= (keys + headroom + slack) / MAX_LOAD with at
-    most `segments` bits set, so at most 1/2**(segments - 1) above what the keys
-    need. The slack, 4 standard deviations of a segment's share of the keys,
-    keeps a segment from growing because its share came out a little large.
+    most `segments - 1` bits set (one segment: one bit), so at most 1/2**(segments - 2)
+    above what the keys need. With more than one segment the top power of two is
+    split into two halves: no segment holds more than half the buckets, which bounds
+    what a streaming rebuild holds beside the table. The slack, 4 standard deviations
+    of a segment's share of the keys, keeps a segment from growing because its share
+    came out a little large.
     """
     slack = 4 * np.sqrt(keys)
     need = max(int(np.ceil((keys + headroom + slack) / MAX_LOAD)), MIN_BUCKETS)
+    bits = max(segments - 1, 1)
     unit = MIN_BUCKETS
-    while bin(-(-need // unit) * unit).count("1") > segments:
+    while bin(-(-need // unit) * unit).count("1") > bits:
         unit *= 2
     total = -(-need // unit) * unit
-    return [1 << b for b in range(total.bit_length() - 1, -1, -1) if total >> b & 1]
+    sizes = [1 << b for b in range(total.bit_length() - 1, -1, -1) if total >> b & 1]
+    if segments > 1 and sizes[0] >= 2 * MIN_BUCKETS:
+        sizes = [sizes[0] // 2] * 2 + sizes[1:]
+    return sizes
 
 
 def empty_buckets(table, buckets: int, width: int, dtype=tf.float32) -> None:
@@ -60,20 +75,30 @@ def empty_buckets(table, buckets: int, width: int, dtype=tf.float32) -> None:
     `[buckets, 2]` keys and `[buckets, width]` values (`[buckets]` for width 0). The
     op's shape function wants rank-1 keys, which holds for what it can see only: the
     shapes are passed in as tensors, so on a remote (PS) device the arrays reach the
-    kernel with an unknown rank, as they do when a checkpoint is restored.
+    kernel with an unknown rank, as they do when a checkpoint is restored. One traced
+    function per value dtype serves every table.
     """
     values_shape = [buckets, width] if width else [buckets]
+    _emptier(tf.as_dtype(dtype))(
+        table.resource_handle,
+        tf.constant([buckets, KEY_WIDTH], tf.int64),
+        tf.constant(values_shape, tf.int64),
+    )
+
+
+@functools.cache
+def _emptier(dtype: tf.DType):
     spec = tf.TensorSpec([None], tf.int64)
 
-    @tf.function(input_signature=[spec, spec], autograph=False)
-    def empty(keys_shape, values_shape):
+    @tf.function(input_signature=[tf.TensorSpec([], tf.resource), spec, spec], autograph=False)
+    def empty(handle, keys_shape, values_shape):
         tf.raw_ops.LookupTableImportV2(
-            table_handle=table.resource_handle,
+            table_handle=handle,
             keys=tf.fill(keys_shape, tf.constant(EMPTY_KEY[0], tf.int64)),
             values=tf.zeros(values_shape, dtype),
         )
 
-    empty(tf.constant([buckets, KEY_WIDTH], tf.int64), tf.constant(values_shape, tf.int64))
+    return empty
 
 
 def segment_layout(used: list[int], segments: int = SEGMENTS) -> tuple[list[int], np.ndarray]:
@@ -87,6 +112,26 @@ def segment_layout(used: list[int], segments: int = SEGMENTS) -> tuple[list[int]
     bounds = np.floor(np.cumsum(weights) / weights.sum() * ROUTES).astype(np.int64)
     bounds[len(used) - 1 :] = ROUTES
     return sizes, bounds
+
+
+def _grown(buckets: int, keys: int) -> int:
+    """The buckets an empty `DenseHashTable` of `buckets` has after one insert of `keys`
+    keys: its kernel doubles them while keys > buckets * MAX_LOAD (in float32). A segment
+    whose share of a rebuild's survivors came out large is emptied at that size, so its
+    inserts, one per old segment, never regrow it and place every key where one insert of
+    them all would."""
+    load = np.float32(MAX_LOAD)
+    while np.float32(keys) > np.float32(buckets) * load:
+        buckets *= 2
+    return buckets
+
+
+def _segment_by(routes: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
+    """The segment of each key [n, 2] under `routes` (upper route bound of each segment)."""
+    route = tf.bitwise.bitwise_and(
+        tf.bitwise.right_shift(mixed(keys), tf.constant(ROUTE_SHIFT, tf.int64)), ROUTES - 1
+    )
+    return tf.cast(tf.searchsorted(routes, route, side="right"), tf.int32)
 
 
 class ShardedTable(tf.Module):
@@ -165,10 +210,7 @@ class ShardedTable(tf.Module):
         return [tf.gather(keys, p) for p in positions], positions
 
     def _segment_of(self, i: int, keys: tf.Tensor) -> tf.Tensor:
-        route = tf.bitwise.bitwise_and(
-            tf.bitwise.right_shift(mixed(keys), tf.constant(ROUTE_SHIFT, tf.int64)), ROUTES - 1
-        )
-        return tf.cast(tf.searchsorted(self.routes[i], route, side="right"), tf.int32)
+        return _segment_by(self.routes[i], keys)
 
     # ------------------------------------------------------------------ one shard (its device)
 
@@ -189,31 +231,82 @@ class ShardedTable(tf.Module):
 
     def export_shard(self, i: int) -> tuple[tf.Tensor, tf.Tensor]:
         """(keys, values) held by shard `i`, empty buckets dropped; runs on the shard's device."""
-        keys, values, _ = self.export_shard_with_buckets(i)
-        return keys, values
-
-    def export_shard_with_buckets(self, i: int) -> tuple[tf.Tensor, tf.Tensor, int]:
-        """`export_shard` and the shard's bucket count (every segment's)."""
+        parts = [self.segment_rows(i, j) for j in range(self.segments)]
         with tf.device(self.placement.device(i)):
-            keys, values, buckets = [], [], 0
-            for table in self.shards[i]:
-                k, v = table.export()  # every bucket, empty ones included
-                k = tf.reshape(k, [-1, KEY_WIDTH])
-                buckets += int(tf.shape(k)[0])
-                live = k[:, 0] >= 0  # slots are >= 0: not an empty or deleted bucket
-                keys.append(tf.boolean_mask(k, live))
-                values.append(tf.boolean_mask(self._shape(v), live))
-            return tf.concat(keys, 0), tf.concat(values, 0), buckets
+            return tf.concat([k for k, _ in parts], 0), tf.concat([v for _, v in parts], 0)
 
-    def rebuild_shard(self, i: int, keys: tf.Tensor, values: tf.Tensor, headroom: int = 0) -> None:
-        """Replaces shard `i`'s contents with (keys, values), sized to them (eager).
+    def _buckets(self, i: int, j: int) -> tuple[tf.Tensor, tf.Tensor]:
+        """Segment `j` of shard `i`'s bucket arrays, empty buckets included: the arrays
+        themselves, not a copy (valid until the segment is next written)."""
+        keys, values = self.shards[i][j].export()
+        return tf.reshape(keys, [-1, KEY_WIDTH]), self._shape(values)
 
-        Every segment gets empty bucket arrays of its new size, then the keys are
-        inserted once. `keys` must be distinct and belong to shard `i`;
-        `headroom` is room kept for one step's new keys.
+    def _held(self, i: int, j: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """(key buckets, value buckets, indices of the buckets that hold a key) of a segment."""
+        keys, values = self._buckets(i, j)
+        return keys, values, tf.where(keys[:, 0] >= 0)[:, 0]  # slots are >= 0: not empty/deleted
+
+    def segment_rows(
+        self, i: int, j: int, pick: tf.Tensor | None = None
+    ) -> tuple[tf.Tensor, tf.Tensor]:
+        """(keys, values) segment `j` of shard `i` holds, in bucket order; with `pick` (bool
+        over them), only those. Copies these rows only; runs on the shard's device."""
+        with tf.device(self.placement.device(i)):
+            keys, values, held = self._held(i, j)
+            if pick is not None:
+                held = tf.boolean_mask(held, pick)
+            return tf.gather(keys, held), tf.gather(values, held)
+
+    def segment_keys(self, i: int, j: int) -> tf.Tensor:
+        """The keys segment `j` of shard `i` holds, in bucket order (not their values)."""
+        with tf.device(self.placement.device(i)):
+            keys, _, held = self._held(i, j)
+            return tf.gather(keys, held)
+
+    def segment_columns(self, i: int, j: int, start: int, stop: int) -> tf.Tensor:
+        """Columns `start:stop` of the rows segment `j` of shard `i` holds, in bucket order."""
+        with tf.device(self.placement.device(i)):
+            _, values, held = self._held(i, j)
+            return tf.gather(values[:, start:stop], held)
+
+    def rebuild_shard(
+        self, i: int, keep: list[tf.Tensor], headroom: int = 0, dropped: list | None = None
+    ) -> None:
+        """Keeps the rows of shard `i` where `keep` is true, in segments sized for them (eager).
+
+        `keep[j]` is a bool per row segment `j` holds, in `segment_rows` order;
+        `headroom` is room kept for one step's new keys; the keys of the rows not
+        kept are appended to `dropped` when given. Streams (module docstring): each
+        old segment's kept rows are copied out, split by their new segment, and the
+        old segment is emptied before the next; then each new segment, largest first,
+        is emptied at its new size and filled. A new segment receives its keys in
+        the order the old segments held them, as one insert of them all would.
         """
-        self.reset_shard(i, int(tf.shape(keys)[0]), headroom)
-        self.insert_shard(i, keys, values)
+        with tf.device(self.placement.device(i)):
+            survivors = sum(int(tf.math.count_nonzero(k)) for k in keep)
+            sizes, routes = segment_layout(
+                segment_buckets(survivors, headroom, self.segments), self.segments
+            )
+            new_routes = tf.constant(routes)
+            pieces = [[] for _ in sizes]  # per new segment: (keys, values), old segment order
+            for j, table in enumerate(self.shards[i]):
+                keys, values, held = self._held(i, j)
+                if dropped is not None:
+                    dropped.append(tf.gather(keys, tf.boolean_mask(held, ~keep[j])))
+                held = tf.boolean_mask(held, keep[j])
+                target = _segment_by(new_routes, tf.gather(keys, held))
+                for m, part in enumerate(tf.dynamic_partition(held, target, self.segments)):
+                    if int(tf.size(part)):
+                        pieces[m].append((tf.gather(keys, part), tf.gather(values, part)))
+                del keys, values, held, target, part  # the old arrays' last references
+                empty_buckets(table, MIN_BUCKETS, self.width, self.value_dtype)
+            self.routes[i].assign(routes)
+            for m, table in enumerate(self.shards[i]):
+                arrived = sum(int(tf.shape(keys)[0]) for keys, _ in pieces[m])
+                empty_buckets(table, _grown(sizes[m], arrived), self.width, self.value_dtype)
+                for keys, values in pieces[m]:
+                    table.insert(keys, values)
+                pieces[m] = None
 
     def reset_shard(self, i: int, keys: int, headroom: int = 0) -> None:
         """Empties shard `i`, its segments sized for `keys` keys and `headroom` more (eager)."""
@@ -224,8 +317,9 @@ class ShardedTable(tf.Module):
             self.routes[i].assign(routes)
 
     def num_buckets(self, i: int) -> int:
-        """Buckets of shard `i`, all segments (eager; reads the bucket arrays)."""
-        return self.export_shard_with_buckets(i)[2]
+        """Buckets of shard `i`, all segments (eager; copies nothing)."""
+        with tf.device(self.placement.device(i)):
+            return sum(int(tf.shape(self._buckets(i, j)[0])[0]) for j in range(self.segments))
 
     # ------------------------------------------------------------------ every shard
 

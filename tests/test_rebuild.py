@@ -1,0 +1,197 @@
+"""The streaming rebuild (eviction, admission counters) against survivors worked out in numpy.
+
+Rows are written straight into a table that starts small, so its segments grow by
+doubling; a rebuild must then keep exactly the rows numpy says survive, each once,
+every float bit-identical (embedding, optimizer slots, count, last step), in
+segments sized for them, and hand back the evicted ids.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recflow.config import config_from_dict
+from recflow.embedding.engine import EmbeddingEngine
+from recflow.embedding.placement import ModPlacement
+from recflow.embedding.table import MAX_LOAD, segment_buckets
+from recflow.features.keys import decode, encode
+
+DIM, TTL, STEP, N = 3, 50, 100, 6000
+EXTREMES = np.array([0, 1, -1, -(2**63), 2**63 - 1, 5 + 2**55], np.int64)
+
+
+def make_engine(shards: int, max_keys: int | None) -> EmbeddingEngine:
+    eviction = {"ttl_steps": TTL}
+    if max_keys is not None:
+        eviction["max_keys"] = max_keys
+    table = {
+        "dim": DIM,
+        "optimizer": {"type": "adagrad"},
+        "admission": {"min_count": 2},
+        "eviction": eviction,
+        "expected_keys": 16,  # starts small: the inserts below grow every segment
+    }
+    config = config_from_dict(
+        {
+            "data": {"format": "synthetic", "label": "click", "batch_size": 8},
+            "features": [{"name": "item", "kind": "categorical", "dtype": "int64", "table": "t"}],
+            "tables": {"t": table},
+            "model": {"type": "deepfm"},
+        }
+    )
+    return EmbeddingEngine(config, ModPlacement(shards))
+
+
+def random_rows(seed: int = 0) -> dict:
+    """N distinct ids with rows; counts are a permutation, so (count, last) never ties."""
+    rng = np.random.default_rng(seed)
+    ids = np.unique(
+        np.concatenate([rng.integers(-(2**63), 2**63 - 1, N, np.int64, True), EXTREMES])
+    )
+    n = ids.size
+    return {
+        "ids": rng.permutation(ids),  # insertion order unrelated to id order
+        "emb": rng.normal(size=(n, DIM)).astype(np.float32),
+        "slots": rng.uniform(0.1, 2.0, size=(n, DIM)).astype(np.float32),
+        "count": (rng.permutation(n) + 1).astype(np.int32),
+        "last": rng.integers(1, STEP + 1, n).astype(np.int32),
+    }
+
+
+def fill(
+    engine: EmbeddingEngine, rows: dict, waiting: np.ndarray, waiting_last: np.ndarray
+) -> None:
+    table = engine.physical_tables[0]
+    n = rows["ids"].size
+    for start in range(0, n, 500):  # step by step: the segments double as they fill
+        part = slice(start, start + 500)
+        values = table.layout.pack(
+            tf.constant(rows["emb"][part]), tf.constant(rows["slots"][part]),
+            tf.constant(rows["count"][part]), tf.constant(rows["last"][part]),
+        )  # fmt: skip
+        table.rows.insert(encode(tf.constant(rows["ids"][part]), 0), values)
+    # Counters: a stale one for every fifth key with a row (admitted keys leave theirs
+    # behind), and keys still waiting, some idle past the ttl.
+    stale = rows["ids"][::5]
+    keys = np.concatenate([stale, waiting])
+    last = np.concatenate([np.full(stale.size, STEP, np.int32), waiting_last])
+    counters = np.stack([np.ones_like(last), last], axis=1)
+    table.counters.insert(encode(tf.constant(keys), 0), tf.constant(counters))
+
+
+def expected_survivors(engine, rows: dict, max_keys: int | None) -> np.ndarray:
+    """Which rows survive, in numpy: last seen within the ttl, then each shard's
+    `max_keys` share by (count, last)."""
+    keep = rows["last"] > STEP - TTL
+    if max_keys is None:
+        return keep
+    shards = engine.placement.num_shards
+    shard = engine.placement.shard_of(encode(tf.constant(rows["ids"]), 0)).numpy()
+    limit = -(-max_keys // shards)
+    out = np.zeros_like(keep)
+    for s in range(shards):
+        mine = np.flatnonzero(keep & (shard == s))
+        score = rows["count"][mine].astype(np.int64) << 32 | rows["last"][mine]
+        out[mine[np.argsort(-score)[:limit]]] = True
+    return out
+
+
+def held(engine) -> dict:
+    """{id: (emb, slots, count, last)} of the table's rows; fails on a key held twice."""
+    got = engine.logical_rows()["t"]
+    assert len(set(got.ids.tolist())) == got.ids.size, "a key is held twice"
+    return {
+        int(i): (e, s, int(c), int(t))
+        for i, e, s, c, t in zip(got.ids, got.emb, got.slots, got.count, got.last_step)
+    }
+
+
+def assert_rows(engine, rows: dict, pick: np.ndarray) -> None:
+    got = held(engine)
+    assert set(got) == set(rows["ids"][pick].tolist())
+    for i in np.flatnonzero(pick):
+        emb, slots, count, last = got[int(rows["ids"][i])]
+        np.testing.assert_array_equal(emb, rows["emb"][i])  # bit for bit
+        np.testing.assert_array_equal(slots, rows["slots"][i])
+        assert (count, last) == (rows["count"][i], rows["last"][i])
+
+
+def counter_contents(engine) -> dict:
+    counters = engine.physical_tables[0].counters
+    out = {}
+    for shard in range(counters.num_shards):
+        keys, values = counters.export_shard(shard)
+        _, ids = decode(keys.numpy())
+        for key, value in zip(ids.tolist(), values.numpy().tolist()):
+            assert key not in out, "a counter is held twice"
+            out[key] = value
+    return out
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("max_keys", [None, 1500])
+def test_rebuild_keeps_exactly_the_survivors(shards, max_keys, tmp_path):
+    engine = make_engine(shards, max_keys)
+    table = engine.physical_tables[0]
+    rows = random_rows()
+    rng = np.random.default_rng(1)
+    waiting = rng.integers(-(2**63), 2**63 - 1, 800, np.int64, True)
+    waiting = np.setdiff1d(waiting, rows["ids"])
+    waiting_last = rng.integers(1, STEP + 1, waiting.size).astype(np.int32)
+    initial = [table.rows.num_buckets(i) for i in range(shards)]
+    fill(engine, rows, waiting, waiting_last)
+    grown = [table.rows.num_buckets(i) for i in range(shards)]
+    assert all(g >= 16 * b for g, b in zip(grown, initial))  # every shard grew by doubling
+    assert_rows(engine, rows, np.ones(rows["ids"].size, bool))
+
+    evicted, gone = engine.rebuild_tracked(STEP)
+
+    keep = expected_survivors(engine, rows, max_keys)
+    assert evicted == {table.spec.name: int((~keep).sum())}
+    np.testing.assert_array_equal(gone["t"], np.sort(rows["ids"][~keep]))
+    assert_rows(engine, rows, keep)
+    # Counters: those of keys with a row are dropped, and waiting keys idle past the ttl.
+    fresh = waiting_last > STEP - TTL
+    assert counter_contents(engine) == {
+        int(k): [1, int(t)] for k, t in zip(waiting[fresh], waiting_last[fresh])
+    }
+    assert engine.table_stats()["t"]["waiting_keys"] == int(fresh.sum())
+    # Each shard shrank to segments sized for its survivors, none above half of them.
+    shard_of = engine.placement.shard_of(encode(tf.constant(rows["ids"][keep]), 0)).numpy()
+    for i in range(shards):
+        mine = int((shard_of == i).sum())
+        sizes = [int(tf.shape(t.export()[0])[0]) for t in table.rows.shards[i]]
+        assert sum(sizes) < grown[i]
+        assert mine <= MAX_LOAD * sum(sizes) <= 1.4 * (mine + table.step_keys) + 64
+        assert max(sizes) <= sum(segment_buckets(mine, table.step_keys)) // 2 or max(sizes) < 64
+
+    # Evicted keys come back with new rows (the erase/re-insert pattern), each once.
+    back = ~keep
+    rows2 = {k: v.copy() for k, v in rows.items()}
+    rows2["emb"][back] += 1.0
+    rows2["last"][back] = STEP + 1
+    values = table.layout.pack(
+        tf.constant(rows2["emb"][back]), tf.constant(rows2["slots"][back]),
+        tf.constant(rows2["count"][back]), tf.constant(rows2["last"][back]),
+    )  # fmt: skip
+    table.rows.insert(encode(tf.constant(rows2["ids"][back]), 0), values)
+    assert_rows(engine, rows2, np.ones(rows["ids"].size, bool))
+
+    # A checkpoint of the rebuilt table restores the same rows in a new engine.
+    path = tf.train.Checkpoint(engine=engine).write(str(tmp_path / "ckpt"))
+    restored = make_engine(shards, max_keys)
+    tf.train.Checkpoint(engine=restored).read(path).assert_consumed()
+    assert_rows(restored, rows2, np.ones(rows["ids"].size, bool))
+
+
+def test_rebuild_with_nothing_evicted_keeps_every_row():
+    """No row is stale: every row stays, bit for bit, nothing is reported evicted, and
+    the stale counters go."""
+    engine = make_engine(1, None)
+    rows = random_rows(seed=2)
+    rows["last"][:] = STEP
+    fill(engine, rows, np.zeros(0, np.int64), np.zeros(0, np.int32))
+    evicted, gone = engine.rebuild_tracked(STEP)
+    assert evicted == {engine.physical_tables[0].spec.name: 0} and gone == {}
+    assert_rows(engine, rows, np.ones(rows["ids"].size, bool))
+    assert counter_contents(engine) == {}
