@@ -45,6 +45,7 @@ def dataset(
     epochs: int | None,
     shuffle: bool,
     rows: tuple[int, int] | None = None,
+    records: bool = False,
 ) -> tf.data.Dataset:
     """The CSV dataset of `files` (see `recflow.data.make_file_dataset`).
 
@@ -70,7 +71,8 @@ def dataset(
     )
     ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
     parse = line_parser(config, header, "line")
-    return pipeline.finish(ds, parse, files, pipeline.parse_key(config, "csv", tuple(header)))
+    key = pipeline.parse_key(config, "csv", tuple(header))
+    return pipeline.finish(ds, parse, files, key, records=records)
 
 
 def line_parser(config: Config, header: Sequence[str], unit: str):
@@ -126,7 +128,7 @@ def line_parser(config: Config, header: Sequence[str], unit: str):
             fatal=pipeline.fatal_checks(config, decoded),
         )
         counts = tf.add_n(nonfinite) if nonfinite else None
-        return pipeline.outputs(config, decoded, bad, keep, deps, nonfinite=counts)
+        return pipeline.outputs(config, decoded, bad, keep, deps, nonfinite=counts, present=present)
 
     return parse
 

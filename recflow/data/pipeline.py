@@ -35,6 +35,12 @@ from recflow.errors import DataError
 AUTOTUNE = tf.data.AUTOTUNE
 NONFINITE = "/nonfinite"  # features key: count of non-finite numeric values in the batch
 TRUNCATED = "/truncated"  # transformed features key: multi_hot rows cut to max_values
+# Per-record features keys of a pipeline built with `records=True` (`recflow.data.cache`):
+RECORDS = "/records"  # [batch] int64: the key of every record of the batch, kept or not
+STATUS = "/status"  # [batch] int8: KEPT, BAD (dropped and counted) or IGNORED (a blank line)
+ROW_NONFINITE = "/row_nonfinite"  # [kept] int64: each kept row's non-finite numeric values
+IGNORED, KEPT, BAD = 0, 1, 2
+_PER_RECORD = (RECORDS, STATUS, ROW_NONFINITE)
 FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
 SHUFFLE_BLOCK = 256  # records shuffled as one block (see `batched`)
 LONG_ROW = 4096  # bytes: a multi-valued value this long is cut before it is split (`first_values`)
@@ -79,6 +85,7 @@ def make_file_dataset(
     epochs: int | None,
     shuffle: bool | None = None,
     rows: tuple[int, int] | None = None,
+    records: bool = False,
 ) -> tf.data.Dataset:
     """The dataset of explicit files of the configured format, in the given order.
 
@@ -90,6 +97,8 @@ def make_file_dataset(
         rows: `(start, stop)`: only records `start` to `stop - 1` (0-based, a CSV
             header not counted) of the one file (CSV or TFRecord); messages keep
             the file's own line / record numbers. `--follow` reads appended rows so.
+        records: also give each batch's per-record keys (`RECORDS`, `STATUS`,
+            `ROW_NONFINITE`; CSV and TFRecord), which `recflow.data.cache` keeps.
     """
     files = [str(f) for f in files]
     if not files:
@@ -105,6 +114,10 @@ def make_file_dataset(
         from recflow.data import parquet as reader
     else:
         raise DataError(f"data.format: {fmt!r} has no files; use make_dataset")
+    if records:
+        if fmt == "parquet" or rows is not None:
+            raise ValueError("records: reads whole CSV or TFRecord files only")
+        return reader.dataset(config, files, epochs=epochs, shuffle=shuffle, records=True)
     if rows is None:
         return reader.dataset(config, files, epochs=epochs, shuffle=shuffle)
     if len(files) != 1 or fmt == "parquet":
@@ -236,6 +249,7 @@ def finish(
     fn: Callable,
     files: Sequence[str] | None = None,
     key: tuple | None = None,
+    records: bool = False,
 ) -> tf.data.Dataset:
     """The vectorized per-batch map (parallel, order kept) and prefetch.
 
@@ -246,19 +260,32 @@ def finish(
     names)` gets the files' names as a tensor (for messages, see `locator`), and is
     traced once per key (see `reused`), so a run's epochs and its evaluation trace
     their parsing once (a parse function is ~2,000 ops).
+
+    The per-record keys that `outputs` adds (`STATUS`, `ROW_NONFINITE`) are dropped
+    unless `records`; then `RECORDS` (the batch's record keys) is added too.
     """
     if key is None:
-        ds = ds.map(plain(fn), num_parallel_calls=AUTOTUNE, deterministic=True)
+        mapped = fn if records else (lambda *x: _per_record(fn(*x)))
+        ds = ds.map(plain(mapped), num_parallel_calls=AUTOTUNE, deterministic=True)
         return ds.prefetch(AUTOTUNE).with_options(options())
     parse = reused(fn, (*key, repr(ds.element_spec)))
     listed = list(files)
 
-    def mapped(keys, records):
+    def mapped(keys, lines):
         # Any number of files: the shared trace must not depend on how many.
         names = tf.raw_ops.PlaceholderWithDefault(input=tf.constant(listed), shape=[None])
-        return parse(keys, records, names)
+        features, labels, bad = parse(keys, lines, names)
+        if records:
+            features = dict(features, **{RECORDS: keys})
+        return features, labels, bad
 
-    return finish(ds, mapped)
+    return finish(ds, mapped, records=records)
+
+
+def _per_record(element: tuple) -> tuple:
+    """`(features, labels, bad)` without the per-record keys of `outputs`."""
+    features, labels, bad = element
+    return {k: v for k, v in features.items() if k not in _PER_RECORD}, labels, bad
 
 
 def options() -> tf.data.Options:
@@ -555,13 +582,16 @@ def outputs(
     keep: tf.Tensor | None = None,
     deps=(),
     nonfinite: tf.Tensor | None = None,
+    present: tf.Tensor | None = None,
 ) -> tuple:
     """Builds `(features, labels, bad)` from decoded columns keyed by `Need.key`.
 
     Rows where `keep` is False are dropped (no copy when every row is kept); the
     outputs wait for `deps` (the bad-record assertions). `nonfinite` ([batch]
     int64, default: the infinite values) is summed over the kept rows into
-    `features[NONFINITE]`.
+    `features[NONFINITE]`. `present` ([batch] bool, default all): False for the
+    records ignored without being counted bad (blank lines); with it, `keep` tells
+    the `STATUS` of each record (`finish` drops it unless asked for).
     """
     keys = list(decoded)
     if nonfinite is None:
@@ -586,6 +616,16 @@ def outputs(
     else:
         kept = nonfinite if keep is None else tf.where(keep, nonfinite, tf.zeros_like(nonfinite))
         features[NONFINITE] = tf.reduce_sum(kept)
+    # Per record (dropped by `finish` unless asked for): no op of the batch path uses them.
+    if keep is None:  # every record kept
+        keep = tf.ones(tf.shape(decoded[keys[0]])[:1], tf.bool)
+    dropped_as = tf.constant(BAD, tf.int8)
+    if present is not None:
+        dropped_as = tf.where(present, dropped_as, tf.constant(IGNORED, tf.int8))
+    features[STATUS] = tf.where(keep, tf.constant(KEPT, tf.int8), dropped_as)
+    if nonfinite is None:
+        nonfinite = tf.zeros_like(keep, tf.int64)
+    features[ROW_NONFINITE] = tf.gather(nonfinite, tf.reshape(tf.where(keep), [-1]))
     labels = {label: column[label_key(config, label)] for label in config.labels}
     return features, labels, bad
 
