@@ -26,19 +26,18 @@ array's dtype, shape and CRC-32, checked at every load. A cache that is partial
 never used: it is rebuilt.
 
 The position inside an epoch read from the cache is the key pipeline's iterator
-(tiny: range positions, the shuffle buffer of key blocks), checkpointed like the
-parsing iterator. Why not tf.data's own (measured with TF 2.17):
+(range positions and the shuffle buffer of key blocks), checkpointed like the
+parsing iterator. Why not tf.data's own (TF 2.17.1, measured; docs/performance.md):
 
-- `Dataset.cache(filename)`: no integrity check (a damaged file is read as is), a
-  partial cache of a killed writer leaves a lock file that makes the next run fail
-  until it is deleted by hand, and the cache is only used once complete, in file
-  order: an iterator cannot resume inside a cached pass;
-- `Dataset.snapshot` / `save` / `load`: they store whole elements (batches in
-  their shuffled order, or rows to batch and shuffle again), keyed by a hash of the
-  pipeline graph, so a snapshot of epoch 1 is not epoch 2's order, and `load`
-  needs its `element_spec`; a partial `save` is not detected at `load` (it reads
-  the shards there are), and resuming them ties the checkpoint to the snapshot's
-  internal files.
+- `Dataset.cache(filename)`: used whatever files or config made it (keyed by its
+  name only); a kill -9 while it is written leaves a lock file that fails the next
+  run (AlreadyExistsError); a damaged file fails every run (DataLossError) until
+  deleted by hand; and it replays whole elements, so a cache of epoch 1's batches
+  is epoch 1's order again.
+- `Dataset.snapshot(path)`: its key ignores shuffle seeds (`shuffle(seed=2)` reads
+  the snapshot `shuffle(seed=1)` wrote), so every epoch would repeat epoch 1's order.
+- `Dataset.save` / `load`: nothing marks a save complete: `load` of a killed save
+  yields its first elements, then fails (DataLossError) mid-pass.
 
 Streams (`--follow`, Kafka) and parameter-server runs do not use the cache.
 """
