@@ -307,7 +307,7 @@ def _kept_transformed(feature) -> bool:
 def _parse(config: Config, files: list[str]) -> dict:
     """One pass over `files` in order: numpy arrays of every record's key and status,
     and every kept row's columns (see `InputCache`)."""
-    ds = pipeline.make_file_dataset(config, files, epochs=1, shuffle=False, records=True)
+    ds = pipeline.make_file_dataset(config, files, epochs=1, shuffle=False, per_record=True)
 
     def rows(raw, labels, _bad):
         out = {"keys": raw[pipeline.RECORDS], "status": raw[pipeline.STATUS],
@@ -321,7 +321,8 @@ def _parse(config: Config, files: list[str]) -> dict:
         return out
 
     parts: dict[str, list] = {}
-    for batch in ds.map(pipeline.plain(rows), num_parallel_calls=pipeline.AUTOTUNE, deterministic=True):
+    ds = ds.map(pipeline.plain(rows), num_parallel_calls=pipeline.AUTOTUNE, deterministic=True)
+    for batch in ds.prefetch(pipeline.AUTOTUNE):
         for name, value in batch.items():
             parts.setdefault(name, []).append(value.numpy())
     arrays = {name: np.concatenate(values) for name, values in parts.items()}

@@ -45,7 +45,7 @@ def dataset(
     epochs: int | None,
     shuffle: bool,
     rows: tuple[int, int] | None = None,
-    records: bool = False,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The CSV dataset of `files` (see `recflow.data.make_file_dataset`).
 
@@ -72,7 +72,7 @@ def dataset(
     ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
     parse = line_parser(config, header, "line")
     key = pipeline.parse_key(config, "csv", tuple(header))
-    return pipeline.finish(ds, parse, files, key, records=records)
+    return pipeline.finish(ds, parse, files, key, per_record=per_record)
 
 
 def line_parser(config: Config, header: Sequence[str], unit: str):

@@ -35,7 +35,7 @@ from recflow.errors import DataError
 AUTOTUNE = tf.data.AUTOTUNE
 NONFINITE = "/nonfinite"  # features key: count of non-finite numeric values in the batch
 TRUNCATED = "/truncated"  # transformed features key: multi_hot rows cut to max_values
-# Per-record features keys of a pipeline built with `records=True` (`recflow.data.cache`):
+# Per-record features keys of a pipeline built with `per_record=True` (`recflow.data.cache`):
 RECORDS = "/records"  # [batch] int64: the key of every record of the batch, kept or not
 STATUS = "/status"  # [batch] int8: KEPT, BAD (dropped and counted) or IGNORED (a blank line)
 ROW_NONFINITE = "/row_nonfinite"  # [kept] int64: each kept row's non-finite numeric values
@@ -85,7 +85,7 @@ def make_file_dataset(
     epochs: int | None,
     shuffle: bool | None = None,
     rows: tuple[int, int] | None = None,
-    records: bool = False,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The dataset of explicit files of the configured format, in the given order.
 
@@ -97,7 +97,7 @@ def make_file_dataset(
         rows: `(start, stop)`: only records `start` to `stop - 1` (0-based, a CSV
             header not counted) of the one file (CSV or TFRecord); messages keep
             the file's own line / record numbers. `--follow` reads appended rows so.
-        records: also give each batch's per-record keys (`RECORDS`, `STATUS`,
+        per_record: also give each batch's per-record keys (`RECORDS`, `STATUS`,
             `ROW_NONFINITE`; CSV and TFRecord), which `recflow.data.cache` keeps.
     """
     files = [str(f) for f in files]
@@ -114,10 +114,10 @@ def make_file_dataset(
         from recflow.data import parquet as reader
     else:
         raise DataError(f"data.format: {fmt!r} has no files; use make_dataset")
-    if records:
+    if per_record:
         if fmt == "parquet" or rows is not None:
-            raise ValueError("records: reads whole CSV or TFRecord files only")
-        return reader.dataset(config, files, epochs=epochs, shuffle=shuffle, records=True)
+            raise ValueError("per_record: reads whole CSV or TFRecord files only")
+        return reader.dataset(config, files, epochs=epochs, shuffle=shuffle, per_record=True)
     if rows is None:
         return reader.dataset(config, files, epochs=epochs, shuffle=shuffle)
     if len(files) != 1 or fmt == "parquet":
@@ -249,7 +249,7 @@ def finish(
     fn: Callable,
     files: Sequence[str] | None = None,
     key: tuple | None = None,
-    records: bool = False,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The vectorized per-batch map (parallel, order kept) and prefetch.
 
@@ -262,10 +262,10 @@ def finish(
     their parsing once (a parse function is ~2,000 ops).
 
     The per-record keys that `outputs` adds (`STATUS`, `ROW_NONFINITE`) are dropped
-    unless `records`; then `RECORDS` (the batch's record keys) is added too.
+    unless `per_record`; then `RECORDS` (the batch's record keys) is added too.
     """
     if key is None:
-        mapped = fn if records else (lambda *x: _per_record(fn(*x)))
+        mapped = fn if per_record else (lambda *x: _per_record(fn(*x)))
         ds = ds.map(plain(mapped), num_parallel_calls=AUTOTUNE, deterministic=True)
         return ds.prefetch(AUTOTUNE).with_options(options())
     parse = reused(fn, (*key, repr(ds.element_spec)))
@@ -275,11 +275,11 @@ def finish(
         # Any number of files: the shared trace must not depend on how many.
         names = tf.raw_ops.PlaceholderWithDefault(input=tf.constant(listed), shape=[None])
         features, labels, bad = parse(keys, lines, names)
-        if records:
+        if per_record:
             features = dict(features, **{RECORDS: keys})
         return features, labels, bad
 
-    return finish(ds, mapped, records=records)
+    return finish(ds, mapped, per_record=per_record)
 
 
 def _per_record(element: tuple) -> tuple:

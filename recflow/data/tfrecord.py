@@ -61,7 +61,7 @@ def dataset(
     epochs: int | None,
     shuffle: bool,
     rows: tuple[int, int] | None = None,
-    records: bool = False,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The TFRecord dataset of `files` (see `recflow.data.make_file_dataset`)."""
     uses = pipeline.unique(sources.needs(config))
@@ -101,4 +101,4 @@ def dataset(
         return pipeline.outputs(config, decoded, bad, keep, deps)
 
     key = pipeline.parse_key(config, "tfrecord", repr(sorted(dtypes.items())), tuple(sorted(ragged)))
-    return pipeline.finish(ds, parse, files, key, records=records)
+    return pipeline.finish(ds, parse, files, key, per_record=per_record)
