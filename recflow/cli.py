@@ -281,8 +281,10 @@ def cmd_plan(args) -> int:
     if args.ps < 1 or args.keys < 1:
         raise RecflowError("plan: --ps and --keys must be positive integers")
     from recflow.embedding.report import format_plan
+    from recflow.models.registry import get_model_class
 
-    print(format_plan(config, keys_per_table=args.keys, num_shards=args.ps))
+    first_order = get_model_class(config.model.type).first_order
+    print(format_plan(config, first_order, keys_per_table=args.keys, num_shards=args.ps))
     return 0
 
 
@@ -310,7 +312,8 @@ def cmd_tables(args) -> int:
     if args.plot:
         require_matplotlib()  # before TensorFlow loads
     import_tensorflow()
-    from recflow.embedding.report import format_tables, table_history, table_stats
+    from recflow.embedding.report import format_tables
+    from recflow.training.tables import table_history, table_stats
 
     _check_newest_checkpoint(args.model_dir)
     stats = table_stats(args.model_dir)

@@ -230,7 +230,7 @@ def test_tables_and_deltas_report_raw_ids(trained, capsys):
     ):
         keys = np.load(os.path.join(first, f"{table}.npz"))["keys"]
         assert keys.dtype == np.int64 and sorted(keys.tolist()) == sorted(want), table
-    from recflow.embedding.report import restore_engine
+    from recflow.training.tables import restore_engine
 
     assert set(restore_engine(str(trained)).logical_rows()["u"].ids.tolist()) == set(USERS)
 
@@ -239,7 +239,7 @@ def test_export_holds_raw_ids_and_scores_top_bit_twins_apart(trained):
     """The export's tables hold (slot, raw id); the served model learned each user's label,
     so ids that differ only in their top bits score apart (they shared a row with 55-bit keys)."""
     from recflow.config import load_config
-    from recflow.embedding.planner import plan_tables
+    from recflow.embedding.plan import plan_tables
 
     (version,) = os.listdir(trained / "export")
     export = str(trained / "export" / version)

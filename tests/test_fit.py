@@ -9,7 +9,7 @@ import yaml
 from recflow.config import config_from_dict
 from recflow.config.loader import dump_config
 from recflow.config.schema import StandardNormalizer
-from recflow.features.fit import fit_normalizer, resolve
+from recflow.data.fit import fit_normalizer, resolve
 
 
 def test_symmetric_values_are_standardized_as_they_are():

@@ -18,8 +18,8 @@ import tf_keras as keras
 from recflow.config import config_from_dict
 from recflow.data.consumed import scan
 from recflow.data.writer import write_columns
-from recflow.embedding.report import restore_engine
 from recflow.training import follow as follow_lib
+from recflow.training.tables import restore_engine
 from recflow.training.trainer import Trainer
 
 HEADER = "click,user,item\n"

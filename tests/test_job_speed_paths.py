@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from recflow.cli import main
 from recflow.config import load_config
-from recflow.data import generate, pipeline
+from recflow.data import generate, make_dataset, records
 from recflow.training.timing import PHASES
 from recflow.training.trainer import Trainer
 
@@ -139,7 +139,7 @@ def test_pipeline_map_functions_are_not_converted(tmp_path, monkeypatch):
 
     # `finish` maps a function as written: Python control flow on a tensor cannot trace.
     with pytest.raises((TypeError, tf.errors.OperatorNotAllowedInGraphError)):
-        pipeline.finish(tf.data.Dataset.range(4).batch(2), lambda x: x if tf.reduce_sum(x) > 0 else -x)
+        records.finish(tf.data.Dataset.range(4).batch(2), lambda x: x if tf.reduce_sum(x) > 0 else -x)
 
 
 def test_block_shuffle_is_a_seeded_permutation(tmp_path):
@@ -148,7 +148,7 @@ def test_block_shuffle_is_a_seeded_permutation(tmp_path):
 
     def order(seed):
         d = type(data)(**{**data.__dict__, "seed": seed, "batch_size": 64, "shuffle_buffer": 400})
-        ds = pipeline.batched(tf.data.Dataset.range(1000), d, shuffle=True, epochs=1)
+        ds = records.batched(tf.data.Dataset.range(1000), d, shuffle=True, epochs=1)
         batches = [b.numpy() for b in ds]
         assert [len(b) for b in batches] == [64] * 15 + [40]  # full batches across blocks
         return np.concatenate(batches)
@@ -185,7 +185,7 @@ def test_parse_traced_once_serves_other_files_and_names_them(tmp_path, monkeypat
     traced = []
     function = tf.function
     monkeypatch.setattr(
-        pipeline.tf, "function", lambda fn, **k: traced.append(fn.__name__) or function(fn, **k)
+        records.tf, "function", lambda fn, **k: traced.append(fn.__name__) or function(fn, **k)
     )
     first = trainer.dataset("train", epochs=1, shuffle=False)
     assert sum(int(tf.shape(labels["click"])[0]) for _, labels, _ in first) == 300
@@ -197,7 +197,7 @@ def test_parse_traced_once_serves_other_files_and_names_them(tmp_path, monkeypat
 
 
 def test_pipelines_run_without_model_based_autotuning(tmp_path):
-    """Its optimizer thread stalled the end of an iterator (see `pipeline.options`): off in
+    """Its optimizer thread stalled the end of an iterator (see `records.options`): off in
     the training, evaluation and raw pipelines alike. The static rewrites stay on there (a
     checkpoint's input position names the rewritten graph's nodes); only pipelines that are
     never checkpointed (a PS chunk's) go `without_rewrites`."""
@@ -205,10 +205,10 @@ def test_pipelines_run_without_model_based_autotuning(tmp_path):
     for ds in (
         trainer.epoch_dataset(0),
         trainer.dataset("eval", epochs=1),
-        pipeline.make_dataset(trainer.config, "train", epochs=1),
+        make_dataset(trainer.config, "train", epochs=1),
     ):
         assert ds.options().autotune.enabled is False
         assert ds.options().experimental_optimization.apply_default_optimizations is not False
-        chunk = pipeline.without_rewrites(ds)
+        chunk = records.without_rewrites(ds)
         assert chunk.options().experimental_optimization.apply_default_optimizations is False
         assert chunk.options().autotune.enabled is False

@@ -175,7 +175,7 @@ def test_broker_restart_mid_run_then_an_outage_that_lasts(broker, tmp_path):
     reader = tf.train.load_checkpoint(tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints")))
     step = int(reader.get_tensor("model/global_step/.ATTRIBUTES/VARIABLE_VALUE"))
     assert step >= 800 // 32
-    from recflow.embedding.report import restore_engine
+    from recflow.training.tables import restore_engine
 
     users = set(restore_engine(model_dir).logical_rows()["user"].ids.tolist())
     assert users == {i % 13 + 100 * (i // 320) for i in range(800)}

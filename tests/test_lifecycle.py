@@ -202,7 +202,7 @@ def test_ttl_also_drops_keys_waiting_for_admission(tmp_path, capsys):
     stats = tables_json(model_dir, capsys)
     assert stats["u"]["keys"] == len(want_rows)
     assert stats["u"]["waiting_keys"] == len(want_waiting)
-    from recflow.embedding.report import restore_engine
+    from recflow.training.tables import restore_engine
 
     got = restore_engine(str(model_dir)).logical_rows()["u"]
     assert dict(zip(got.ids.tolist(), zip(got.count.tolist(), got.last_step.tolist()))) == {

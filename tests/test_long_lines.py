@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from recflow.config import config_from_dict
 from recflow.data import make_file_dataset
-from recflow.data.pipeline import first_values
+from recflow.data.records import first_values
 from recflow.data.sources import leading_values
 from recflow.data.writer import write_columns
 from recflow.features.transform import sparse_ids, transform

@@ -67,7 +67,7 @@ def test_reordered_feature_lines_read_the_same_model(trained, tmp_path):
     assert again["auc"] == metrics["auc"]
     assert again["logloss"] == metrics["logloss"]
     # The plan is the same whatever the order of the lines: same physical tables, same slots.
-    from recflow.embedding.planner import plan_tables
+    from recflow.embedding.plan import plan_tables
 
     a = recflow.api.load(CONFIG, overrides=SMALL)
     b = recflow.api.load(reordered, overrides=SMALL)

@@ -14,7 +14,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from recflow.config import config_from_dict
-from recflow.data.pipeline import NONFINITE, TRUNCATED
+from recflow.data.records import NONFINITE, TRUNCATED
 from recflow.distribute.chunk import train_chunk
 from recflow.embedding.placement import ModPlacement
 from recflow.models import build_model

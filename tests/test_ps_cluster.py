@@ -88,7 +88,7 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
         assert len(shards) == 2 and min(shards) > 0, (name, shards)
         assert sum(shards) == tables[name]["keys"]
     assert tables["user"]["waiting_keys"] > 0
-    from recflow.embedding.report import restore_engine
+    from recflow.training.tables import restore_engine
 
     rows = restore_engine(str(model_dir)).logical_rows()
     for name, logical in rows.items():

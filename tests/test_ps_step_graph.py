@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     from recflow.models import build_model
     from recflow.distribute.chunk import Prefetch, train_chunk
     from recflow.training.dense_optimizer import make_dense_optimizer
-    from recflow.data.pipeline import NONFINITE, TRUNCATED
+    from recflow.data.records import NONFINITE, TRUNCATED
 
     chief, ps_port = free_ports(2)
     cluster = tf.train.ClusterSpec({"ps": [f"localhost:{ps_port}"], "chief": [f"localhost:{chief}"]})
@@ -105,7 +105,7 @@ RUN_ON_A_WORKER = textwrap.dedent(
     import tf_keras as keras
     from recflow.config import load_config
     from recflow.data import make_dataset
-    from recflow.data.pipeline import NONFINITE, TRUNCATED
+    from recflow.data.records import NONFINITE, TRUNCATED
     from recflow.distribute.cluster import ps_devices
     from recflow.distribute.launcher import free_ports
     from recflow.embedding.placement import ModPlacement

@@ -25,10 +25,10 @@ import pytest
 import recflow.api
 from recflow.cli import main
 from recflow.embedding.placement import ModPlacement
-from recflow.embedding.report import restore_engine
 from recflow.embedding.reshard import saved_shards
 from recflow.embedding.table import segment_buckets, segment_layout
 from recflow.features.keys import decode
+from recflow.training.tables import restore_engine
 from recflow.training.trainer import Trainer
 
 CONFIG = "configs/deepfm_demo.yaml"

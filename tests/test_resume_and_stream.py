@@ -118,7 +118,7 @@ def test_a_run_killed_after_its_final_checkpoint_writes_its_export_and_metrics_o
 def assert_same_rows(model_dir, reference):
     """Every logical table holds the same ids, each once, with the same embedding, optimizer
     slots, count and last step."""
-    from recflow.embedding.report import restore_engine
+    from recflow.training.tables import restore_engine
 
     got, want = restore_engine(str(model_dir)).logical_rows(), restore_engine(str(reference)).logical_rows()
     assert got.keys() == want.keys()

@@ -49,7 +49,7 @@ def _checkpoint_tensors(model_dir):
 
 
 def _rows(model_dir):
-    from recflow.embedding.report import restore_engine
+    from recflow.training.tables import restore_engine
 
     return restore_engine(str(model_dir)).logical_rows()
 

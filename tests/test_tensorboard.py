@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 from recflow.cli import main
-from recflow.embedding.report import restore_engine
+from recflow.training.tables import restore_engine
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = str(ROOT / "configs" / "mmoe.yaml")

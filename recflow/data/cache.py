@@ -7,7 +7,7 @@ and every epoch from then on reads its batches from it. An epoch read from the
 cache gives the batches that parsing the files again would give, bit for bit:
 
 - order: the epoch's record keys come from the very shuffle the files would go
-  through (`pipeline.numbered` + `pipeline.batched` over ranges of record numbers
+  through (`records.numbered` + `records.batched` over ranges of record numbers
   instead of lines: same seeds, same counts, same order), and a batch holds the
   records of its keys that parsing keeps, in order;
 - values: the ids of categorical and sequence features (integer ops only) are kept
@@ -58,7 +58,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import pipeline, sources
+from recflow.data import pipeline, records, sources
 from recflow.features.kinds import Categorical, kind_of
 from recflow.features.kinds import Sequence as SequenceKind
 
@@ -68,7 +68,7 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 VARIABLE = "input_cache"  # the checkpoint's record of where its input position was read
 FROM_FILES = "files"  # its value for a position read from the files
-FORMATS = ("csv", "tfrecord")  # readers built on `pipeline.numbered`
+FORMATS = ("csv", "tfrecord")  # readers built on `records.numbered`
 MEMORY_FRACTION = 0.25  # `auto` leaves out training files larger than this part of the memory
 _NOT_KEPT, _BAD = -1, -2  # `record_rows` of a record that is not a row: ignored, bad
 
@@ -140,7 +140,7 @@ class InputCache:
         self._key: str | None = None
         self._arrays: dict | None = None  # name -> tf.Variable, once loaded
         self.records: list[int] = []  # records per file (lines after the header, blank ones too)
-        self.first = 0  # the number of a file's first record (`pipeline.numbered`)
+        self.first = 0  # the number of a file's first record (`records.numbered`)
 
     # ------------------------------------------------------------------ identity
 
@@ -183,20 +183,20 @@ class InputCache:
             index = tf.argmax(tf.cast(tf.equal(names, name), tf.int32))
             return tf.data.Dataset.range(tf.gather(counts, index))
 
-        keys = pipeline.numbered(self.files, numbers, first=self.first, shuffle=data.shuffle, seed=data.seed)
-        ds = pipeline.batched(keys, data, shuffle=data.shuffle, epochs=1)
-        ds = ds.map(pipeline.plain(self._batch), num_parallel_calls=pipeline.AUTOTUNE, deterministic=True)
-        options = pipeline.options()
+        keys = records.numbered(self.files, numbers, first=self.first, shuffle=data.shuffle, seed=data.seed)
+        ds = records.batched(keys, data, shuffle=data.shuffle, epochs=1)
+        ds = ds.map(records.plain(self._batch), num_parallel_calls=records.AUTOTUNE, deterministic=True)
+        options = records.options()
         # The map reads the cache's variables, which never change: their state is no
         # part of the position.
         options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-        return ds.prefetch(pipeline.AUTOTUNE).with_options(options)
+        return ds.prefetch(records.AUTOTUNE).with_options(options)
 
     def _batch(self, keys, _numbers):
         """The transformed batch of the records `keys`, as parsing would give it."""
         a = self._arrays
-        offsets = tf.gather(a["offsets"], keys // pipeline.FILE_STRIDE)
-        rows = tf.gather(a["record_rows"], offsets + keys % pipeline.FILE_STRIDE - self.first)
+        offsets = tf.gather(a["offsets"], keys // records.FILE_STRIDE)
+        rows = tf.gather(a["record_rows"], offsets + keys % records.FILE_STRIDE - self.first)
         kept = tf.boolean_mask(rows, rows >= 0)
         bad = tf.reduce_sum(tf.cast(tf.equal(rows, _BAD), tf.int64))
         features, raw = {}, {}
@@ -209,8 +209,8 @@ class InputCache:
         for f in self.config.features:
             if f.name in raw:
                 features[f.name] = kind_of(f).transform(raw[f.name], counts)
-        features[pipeline.NONFINITE] = tf.reduce_sum(tf.gather(a["nonfinite"], kept))
-        features[pipeline.TRUNCATED] = tf.cast(counts.get("truncated", 0), tf.int64)
+        features[records.NONFINITE] = tf.reduce_sum(tf.gather(a["nonfinite"], kept))
+        features[records.TRUNCATED] = tf.cast(counts.get("truncated", 0), tf.int64)
         labels = {label: _gather(a, f"label:{label}", kept) for label in self.config.labels}
         return features, labels, bad
 
@@ -266,9 +266,9 @@ class InputCache:
         status = columns.pop("status")
         self.records, self.first = _layout(keys, len(self.files))
         record_rows = np.full(keys.shape, _NOT_KEPT, np.int64)
-        kept = status == pipeline.KEPT
+        kept = status == records.KEPT
         record_rows[kept] = np.arange(int(kept.sum()), dtype=np.int64)
-        record_rows[status == pipeline.BAD] = _BAD
+        record_rows[status == records.BAD] = _BAD
         columns["record_rows"] = record_rows
         columns["offsets"] = np.concatenate([[0], np.cumsum(self.records)[:-1]]).astype(np.int64)
         self._write(columns)
@@ -310,8 +310,8 @@ def _parse(config: Config, files: list[str]) -> dict:
     ds = pipeline.make_file_dataset(config, files, epochs=1, shuffle=False, per_record=True)
 
     def rows(raw, labels, _bad):
-        out = {"keys": raw[pipeline.RECORDS], "status": raw[pipeline.STATUS],
-               "nonfinite": raw[pipeline.ROW_NONFINITE]}  # fmt: skip
+        out = {"keys": raw[records.RECORDS], "status": raw[records.STATUS],
+               "nonfinite": raw[records.ROW_NONFINITE]}  # fmt: skip
         for f in config.features:
             if _kept_transformed(f):
                 out.update(_split(f"ids:{f.name}", kind_of(f).transform(raw[f.name])))
@@ -321,8 +321,8 @@ def _parse(config: Config, files: list[str]) -> dict:
         return out
 
     parts: dict[str, list] = {}
-    ds = ds.map(pipeline.plain(rows), num_parallel_calls=pipeline.AUTOTUNE, deterministic=True)
-    for batch in ds.prefetch(pipeline.AUTOTUNE):
+    ds = ds.map(records.plain(rows), num_parallel_calls=records.AUTOTUNE, deterministic=True)
+    for batch in ds.prefetch(records.AUTOTUNE):
         for name, value in batch.items():
             parts.setdefault(name, []).append(value.numpy())
     arrays = {name: np.concatenate(values) for name, values in parts.items()}
@@ -351,7 +351,7 @@ def _split(name: str, value) -> dict:
 def _layout(keys: np.ndarray, files: int) -> tuple[list[int], int]:
     """(records per file, the first record's number) from the keys of one pass in file
     order; checks that each file's records are numbered without a gap."""
-    index, number = keys // pipeline.FILE_STRIDE, keys % pipeline.FILE_STRIDE
+    index, number = keys // records.FILE_STRIDE, keys % records.FILE_STRIDE
     counts = np.bincount(index, minlength=files).astype(np.int64)
     first = int(number[0]) if keys.size else 1
     expected = first + np.concatenate([np.arange(c) for c in counts]) if keys.size else number

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import pipeline, sources
+from recflow.data import records, sources
 from recflow.data.sources import DIGITS as _DIGITS
 from recflow.data.sources import FLOAT, INT64, LABEL, STRING
 from recflow.data.sources import INT64_TEXT as _INT64
@@ -57,11 +57,11 @@ def dataset(
     for file in files[1:]:
         if sources.read_header(file, options) != header:
             raise DataError(f"{file}: the header differs from that of {files[0]}")
-    uses = pipeline.unique(sources.needs(config))
+    uses = records.unique(sources.needs(config))
     sources.check_columns(files[0], header, uses, options.delimiter if options.header else None)
     skip = 1 if options.header else 0
 
-    records = pipeline.numbered(
+    lines = records.numbered(
         files,
         lambda name: tf.data.TextLineDataset(name).skip(skip),
         first=skip + 1,
@@ -69,23 +69,23 @@ def dataset(
         seed=config.data.seed,
         rows=rows,
     )
-    ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
+    ds = records.batched(lines, config.data, shuffle=shuffle, epochs=epochs)
     parse = line_parser(config, header, "line")
-    key = pipeline.parse_key(config, "csv", tuple(header))
-    return pipeline.finish(ds, parse, files, key, per_record=per_record)
+    key = records.parse_key(config, "csv", tuple(header))
+    return records.finish(ds, parse, files, key, per_record=per_record)
 
 
 def line_parser(config: Config, header: Sequence[str], unit: str):
     """`parse(keys, lines, names) -> (features, labels, bad)`: a batch of CSV lines with
     the columns `header`, checked and converted in-graph (see the module docstring).
 
-    `keys` and `names` locate a line for messages (`pipeline.locator`): `{name}: {unit}
+    `keys` and `names` locate a line for messages (`records.locator`): `{name}: {unit}
     {number}`, e.g. `train.csv: line 7` or `clicks partition 0: offset 7`.
     """
     position: dict[str, int] = {}
     for i, name in enumerate(header):
         position.setdefault(name, i)
-    uses = pipeline.unique(sources.needs(config))
+    uses = records.unique(sources.needs(config))
     selected = sorted({position[u.column] for u in uses})
     slot = {index: k for k, index in enumerate(selected)}
     delimiter = config.data.csv.delimiter
@@ -120,15 +120,15 @@ def line_parser(config: Config, header: Sequence[str], unit: str):
                 checks.append(check)
             if infinite is not None:
                 nonfinite.append(tf.cast(infinite, tf.int64))
-        keep, bad, deps = pipeline.screen(
+        keep, bad, deps = records.screen(
             checks,
             present,
             config.data.on_bad_record,
-            pipeline.locator(names, keys, unit),
-            fatal=pipeline.fatal_checks(config, decoded),
+            records.locator(names, keys, unit),
+            fatal=records.fatal_checks(config, decoded),
         )
         counts = tf.add_n(nonfinite) if nonfinite else None
-        return pipeline.outputs(config, decoded, bad, keep, deps, nonfinite=counts, present=present)
+        return records.outputs(config, decoded, bad, keep, deps, nonfinite=counts, present=present)
 
     return parse
 
@@ -152,7 +152,7 @@ def _structure_check(delimiter: str, width: int):
 
 def _convert(
     raw: tf.Tensor, use: sources.Need
-) -> tuple[tf.Tensor, pipeline.Check | None, tf.Tensor | None]:
+) -> tuple[tf.Tensor, records.Check | None, tf.Tensor | None]:
     """Strips and converts one column.
 
     Returns:
@@ -162,7 +162,7 @@ def _convert(
     text = tf.strings.strip(raw)
     if use.kind == STRING:
         if use.separator is not None and use.limit:
-            text = pipeline.first_values(text, use.separator, use.limit)
+            text = records.first_values(text, use.separator, use.limit)
         return text, None, None
     empty = tf.equal(text, "")
     if use.kind == INT64:

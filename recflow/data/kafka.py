@@ -40,7 +40,7 @@ from recflow.errors import DataError
 logger = logging.getLogger(__name__)
 
 MAX_PARTITIONS = 4096  # per topic: message keys pack (topic, partition) into one slot
-_STRIDE = 2**40  # pipeline.FILE_STRIDE: key = slot * _STRIDE + offset
+_STRIDE = 2**40  # records.FILE_STRIDE: key = slot * _STRIDE + offset
 _UNREADABLE = '"'  # a line the CSV parser always rejects (malformed quotes)
 
 Offsets = dict  # {(topic, partition): next offset}
@@ -459,7 +459,7 @@ def dataset(config: Config, source: KafkaSource):
     import tensorflow as tf
 
     from recflow.data import csv as csv_reader
-    from recflow.data import pipeline
+    from recflow.data import records
 
     parse = csv_reader.line_parser(config, columns(config), "offset")
     ds = tf.data.Dataset.from_generator(
@@ -469,4 +469,4 @@ def dataset(config: Config, source: KafkaSource):
             tf.TensorSpec([None], tf.string),
         ),
     )
-    return pipeline.finish(ds, parse, partition_names(config), pipeline.parse_key(config, "kafka"))
+    return records.finish(ds, parse, partition_names(config), records.parse_key(config, "kafka"))

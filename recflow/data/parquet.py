@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import pipeline, sources
+from recflow.data import records, sources
 from recflow.errors import DataError
 
 
@@ -72,7 +72,7 @@ def _open(file: str, columns: list[str]) -> tf.data.Dataset:
     if all(c in ds.element_spec for c in columns):
         return ds
     # Some tensorflow-io builds key the element by bytes column names.
-    return ds.map(pipeline.plain(lambda row: {c: row[c.encode()] for c in columns}))
+    return ds.map(records.plain(lambda row: {c: row[c.encode()] for c in columns}))
 
 
 def _caster(dtypes: dict[str, tf.DType]):
@@ -83,7 +83,7 @@ def dataset(
     config: Config, files: Sequence[str], *, epochs: int | None, shuffle: bool
 ) -> tf.data.Dataset:
     """The Parquet dataset of `files` (see `recflow.data.make_file_dataset`)."""
-    uses = pipeline.unique(sources.needs(config))
+    uses = records.unique(sources.needs(config))
     columns = sorted({u.column for u in uses})
     order = list(range(len(files)))
     if shuffle:
@@ -96,22 +96,22 @@ def dataset(
         if dtypes is None:
             dtypes = spec
             for use in uses:  # fail now, naming the file, when a stored type cannot serve
-                pipeline.typed(tf.zeros([0], dtype=dtypes[use.column]), use, files[i])
+                records.typed(tf.zeros([0], dtype=dtypes[use.column]), use, files[i])
         elif spec != dtypes:
-            ds = ds.map(pipeline.plain(_caster(dtypes)))
-        ds = ds.enumerate(start=i * pipeline.FILE_STRIDE + 1)
+            ds = ds.map(records.plain(_caster(dtypes)))
+        ds = ds.enumerate(start=i * records.FILE_STRIDE + 1)
         combined = ds if combined is None else combined.concatenate(ds)
-    ds = pipeline.batched(combined, config.data, shuffle=shuffle, epochs=epochs)
+    ds = records.batched(combined, config.data, shuffle=shuffle, epochs=epochs)
 
     def parse(keys, row, names):
-        decoded = {use.key: pipeline.typed(row[use.column], use, files[0]) for use in uses}
-        keep, bad, deps = pipeline.screen(
-            pipeline.label_checks(config, decoded),
+        decoded = {use.key: records.typed(row[use.column], use, files[0]) for use in uses}
+        keep, bad, deps = records.screen(
+            records.label_checks(config, decoded),
             tf.ones_like(keys, dtype=tf.bool),
             config.data.on_bad_record,
-            pipeline.locator(names, keys, "row"),
-            fatal=pipeline.fatal_checks(config, decoded),
+            records.locator(names, keys, "row"),
+            fatal=records.fatal_checks(config, decoded),
         )
-        return pipeline.outputs(config, decoded, bad, keep, deps)
+        return records.outputs(config, decoded, bad, keep, deps)
 
-    return pipeline.finish(ds, parse, files, pipeline.parse_key(config, "parquet", repr(sorted(dtypes.items()))))
+    return records.finish(ds, parse, files, records.parse_key(config, "parquet", repr(sorted(dtypes.items()))))

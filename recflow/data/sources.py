@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from recflow.config.schema import Config, CsvOptions
+from recflow.data import synthetic
 from recflow.errors import DataError
 
 # The tag in front of the in-graph message of a malformed record (on_bad_record: fail).
@@ -84,7 +85,7 @@ class Need:
 
 def leading_values(text: str, separator: str, limit: int) -> list[str]:
     """The first `limit + 1` non-empty values of a separator-joined text, found without
-    splitting all of it (the Python twin of `pipeline.first_values`): more than `limit`
+    splitting all of it (the Python twin of `records.first_values`): more than `limit`
     values back means the row is cut."""
     runs = re.compile(f"(?:{re.escape(separator)})+")
     pieces = runs.split(text, maxsplit=limit + 2)[: limit + 2]  # the rest stays one piece
@@ -315,8 +316,6 @@ def check_rows(config: Config, files: list[str], where: str) -> None:
 
 def check_synthetic(config: Config) -> None:
     """Checks that every feature source and label is a column of the synthetic schema."""
-    from recflow.data import synthetic
-
     schema = config.data.synthetic.schema
     columns = synthetic.columns(schema)
     for need in needs(config):

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import pipeline, sources
+from recflow.data import records, sources
 from recflow.data.sources import INT64, STRING
 from recflow.errors import DataError
 
@@ -64,7 +64,7 @@ def dataset(
     per_record: bool = False,
 ) -> tf.data.Dataset:
     """The TFRecord dataset of `files` (see `recflow.data.make_file_dataset`)."""
-    uses = pipeline.unique(sources.needs(config))
+    uses = records.unique(sources.needs(config))
     stored = stored_dtypes(files[0])
     dtypes: dict[str, tf.DType] = {}
     ragged: set[str] = set()
@@ -74,7 +74,7 @@ def dataset(
         if dtype != natural or use.separator is not None:
             ragged.add(use.column)  # a list to join, or a type to convert
         # Fail now, naming the file, when the stored type cannot serve this use.
-        pipeline.typed(tf.ragged.constant([[]], dtype=dtype), use, files[0])
+        records.typed(tf.ragged.constant([[]], dtype=dtype), use, files[0])
     parse_spec = {
         column: tf.io.RaggedFeature(dtype)
         if column in ragged
@@ -82,23 +82,23 @@ def dataset(
         for column, dtype in dtypes.items()
     }
 
-    records = pipeline.numbered(
+    examples = records.numbered(
         files, tf.data.TFRecordDataset, first=1, shuffle=shuffle, seed=config.data.seed, rows=rows
     )
-    ds = pipeline.batched(records, config.data, shuffle=shuffle, epochs=epochs)
+    ds = records.batched(examples, config.data, shuffle=shuffle, epochs=epochs)
 
     def parse(keys, serialized, names):
         parsed = tf.io.parse_example(serialized, parse_spec)
-        decoded = {use.key: pipeline.typed(parsed[use.column], use, files[0]) for use in uses}
+        decoded = {use.key: records.typed(parsed[use.column], use, files[0]) for use in uses}
         present = tf.ones_like(keys, dtype=tf.bool)
-        keep, bad, deps = pipeline.screen(
-            pipeline.label_checks(config, decoded),
+        keep, bad, deps = records.screen(
+            records.label_checks(config, decoded),
             present,
             config.data.on_bad_record,
-            pipeline.locator(names, keys, "record"),
-            fatal=pipeline.fatal_checks(config, decoded),
+            records.locator(names, keys, "record"),
+            fatal=records.fatal_checks(config, decoded),
         )
-        return pipeline.outputs(config, decoded, bad, keep, deps)
+        return records.outputs(config, decoded, bad, keep, deps)
 
-    key = pipeline.parse_key(config, "tfrecord", repr(sorted(dtypes.items())), tuple(sorted(ragged)))
-    return pipeline.finish(ds, parse, files, key, per_record=per_record)
+    key = records.parse_key(config, "tfrecord", repr(sorted(dtypes.items())), tuple(sorted(ragged)))
+    return records.finish(ds, parse, files, key, per_record=per_record)

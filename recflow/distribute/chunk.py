@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 
 import tensorflow as tf
 
-from recflow.data.pipeline import NONFINITE, TRUNCATED
+from recflow.data.records import NONFINITE, TRUNCATED
 
 
 class ChunkResult(NamedTuple):

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import pipeline
+from recflow.data import records
 from recflow.distribute import splits as splits_lib
 from recflow.distribute.chunk import train_chunk
 from recflow.distribute.cluster import TaskRole, make_strategy, ps_devices
@@ -152,7 +152,7 @@ class PSRunner:
                 ds = self.synthetic.dataset(start, stop, seed, first, count)
             else:
                 ds = splits_lib.file_chunk_dataset(config, split.file, epoch, first, count)
-            return pipeline.without_rewrites(self.transformed(ds))
+            return records.without_rewrites(self.transformed(ds))
 
         def chunk(start, stop, seed, first, count, slot):
             iterator = iter(dataset(start, stop, seed, first, count))

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import pipeline, sources
+from recflow.data import pipeline, records, sources, synthetic
 
 logger = logging.getLogger(__name__)
 
@@ -104,11 +104,9 @@ class SyntheticChunks:
     """
 
     def __init__(self, config: Config):
-        from recflow.data import synthetic
-
         self.config = config
         columns, _ = synthetic.generate(config.data.synthetic, "train")
-        self.uses = pipeline.unique(sources.needs(config))
+        self.uses = records.unique(sources.needs(config))
         self.data = {u.column: np.asarray(columns[u.column]) for u in self.uses}
 
     @tf.autograph.experimental.do_not_convert
@@ -123,10 +121,10 @@ class SyntheticChunks:
         where = f"synthetic schema '{config.data.synthetic.schema}'"
 
         def convert(index):
-            decoded = {u.key: pipeline.typed(tf.gather(data[u.column], index), u, where) for u in self.uses}
-            return pipeline.outputs(config, decoded, tf.constant(0, tf.int64))
+            decoded = {u.key: records.typed(tf.gather(data[u.column], index), u, where) for u in self.uses}
+            return records.outputs(config, decoded, tf.constant(0, tf.int64))
 
-        return pipeline.finish(ds, convert)
+        return records.finish(ds, convert)
 
 
 @tf.autograph.experimental.do_not_convert

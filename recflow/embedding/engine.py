@@ -22,7 +22,8 @@ from recflow.config.schema import Config, Feature
 from recflow.embedding import wire
 from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
-from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable, plan_tables
+from recflow.embedding.plan import plan_tables
+from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable
 from recflow.embedding.rows import KEY_BYTES, RowLayout
 from recflow.embedding.staging import Staging
 from recflow.embedding.table import MIN_LOAD, ShardedTable

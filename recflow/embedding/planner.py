@@ -89,15 +89,3 @@ def logical_tables(config: Config, first_order: bool = False) -> list[LogicalTab
             zeros = InitializerConfig(type="zeros")
             tables.append(LogicalTable(name + LINEAR_SUFFIX, 1, zeros, optimizer, *policies))
     return tables
-
-
-def make_planner(config: Config) -> Planner:
-    from recflow.embedding.fused_planner import FusedPlanner
-    from recflow.embedding.separate_planner import SeparatePlanner
-
-    return FusedPlanner() if config.embedding.fusion else SeparatePlanner()
-
-
-def plan_tables(config: Config, first_order: bool = False) -> list[PhysicalTable]:
-    """The physical tables of a config under its `embedding.fusion` setting."""
-    return make_planner(config).plan(logical_tables(config, first_order))

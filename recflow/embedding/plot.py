@@ -29,7 +29,7 @@ def plot_history(history: list[tuple[int, dict]], out: str, title: str = "") -> 
 
     Args:
         history: `(step, {table: {"keys", "waiting_keys", "bytes", ...}})`, oldest first,
-            as `recflow.embedding.report.table_history` returns.
+            as `recflow.training.tables.table_history` returns.
         out: the image file (its extension picks the format: .png, .svg, .pdf).
         title: the figure's title (e.g. the model dir).
     """

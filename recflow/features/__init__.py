@@ -1,6 +1,6 @@
 """Raw columns -> int64 keys / dense tensors (hashing, splitting, normalizers).
 
-The transforms import TensorFlow on first use; `recflow.features.fit.fit_normalizer`
+The transforms import TensorFlow on first use; `recflow.data.fit.fit_normalizer`
 does not.
 """
 

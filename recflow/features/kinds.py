@@ -177,6 +177,6 @@ def normalize(feature: NumericFeature, raw: tf.Tensor) -> tf.Tensor:
     elif isinstance(norm, AutoNormalizer):
         raise ValueError(
             f"feature '{feature.name}': normalizer 'auto' must be resolved before use "
-            "(recflow.features.fit.resolve_auto)"
+            "(recflow.data.fit.resolve_auto)"
         )
     return tf.reshape(x, [-1, 1])

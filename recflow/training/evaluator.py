@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from recflow import data as data_lib
 from recflow import metrics as metrics_lib
+from recflow.data.records import finish
 from recflow.features.transform import transform
 from recflow.models.base import RetrievalModel
 
@@ -127,4 +128,4 @@ class Evaluator:
 
 def _transform(config, ds):
     fn = lambda raw, labels, bad: (transform(config, raw), labels, bad)  # noqa: E731
-    return data_lib.pipeline.finish(ds, fn)
+    return finish(ds, fn)

@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.data.cache import FROM_FILES, InputCache
-from recflow.data.pipeline import NONFINITE, TRUNCATED
+from recflow.data.records import NONFINITE, TRUNCATED
 from recflow.errors import DataError
 from recflow.quiet import native_stderr_silenced
 

@@ -23,16 +23,16 @@ from recflow.atomic import write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config
 from recflow.data import cache as input_cache
-from recflow.data.pipeline import NONFINITE, TRUNCATED, reused
+from recflow.data import fit
+from recflow.data.records import NONFINITE, TRUNCATED, reused
 from recflow.embedding import lifecycle, reshard
 from recflow.embedding.engine import check_checkpoint
 from recflow.embedding.placement import Placement
 from recflow.errors import DataError, RecflowError
 from recflow.export.saved_model import Exporter, dense_weights
-from recflow.features import fit
 from recflow.features.transform import transform
-from recflow.models import identity
-from recflow.models.base import RankingModel, build_model
+from recflow.models import build_model, identity
+from recflow.models.base import RankingModel
 from recflow.training import model_dir as model_dir_lib
 from recflow.training import warm_start as warm_start_lib
 from recflow.training.callbacks import (
@@ -174,7 +174,7 @@ class Trainer:
 
     def _transformed(self, ds):
         """`ds` with the feature transforms applied; traced once for all of this
-        trainer's pipelines (every epoch, evaluation), see `pipeline.reused`."""
+        trainer's pipelines (every epoch, evaluation), see `records.reused`."""
         config = self.config
 
         def fn(raw, labels, bad):

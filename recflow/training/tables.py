@@ -1,0 +1,67 @@
+"""What a model dir's checkpoints hold: the embedding engine restored without the
+model, its table statistics, and their history over the checkpoints kept
+(`recflow tables`)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import tensorflow as tf
+
+from recflow.config.loader import load_config
+from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
+from recflow.embedding.placement import ModPlacement
+from recflow.errors import RecflowError
+from recflow.models.registry import get_model_class
+from recflow.training.model_dir import checkpoint_steps
+
+_SHARD_NAME = re.compile(r"^model/embedding/physical_tables/0/rows/shards/(\d+)/")
+
+
+def _latest_checkpoint(model_dir: str) -> str:
+    path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    if path is None:
+        raise RecflowError(f"{model_dir}: no checkpoint found")
+    return path
+
+
+def restore_engine(model_dir: str, checkpoint: str | None = None):
+    """The embedding engine of a model dir, restored from `checkpoint` (a `ckpt-N` prefix;
+    default its latest checkpoint), without the model."""
+    config_path = os.path.join(model_dir, "config.yaml")
+    if not os.path.exists(config_path):
+        raise RecflowError(f"{model_dir}: not a model dir (no config.yaml)")
+    config = load_config(config_path)
+    path = checkpoint or _latest_checkpoint(model_dir)
+    check_checkpoint(path)
+    # As many local shards as the run had (a key's shard does not depend on where shards live).
+    names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    shards = {m.group(1) for m in map(_SHARD_NAME.search, names) if m}
+    placement = ModPlacement(max(len(shards), 1))
+    engine = EmbeddingEngine(config, placement, first_order=get_model_class(config.model.type).first_order)
+    holder = tf.Module()
+    holder.embedding = engine  # the checkpoint's path to the tables: model/embedding/...
+    tf.train.Checkpoint(model=holder).restore(path).expect_partial()
+    return engine
+
+
+def table_stats(model_dir: str) -> dict:
+    """Per logical table: keys, waiting keys, bytes and keys per shard, from the latest checkpoint.
+
+    The shards are counted as the run placed them (key -> shard does not depend
+    on where the shards live), so a parameter-server run reports its split per PS.
+    """
+    return restore_engine(model_dir).table_stats()
+
+
+def table_history(model_dir: str) -> list[tuple[int, dict]]:
+    """`(step, table_stats)` of every checkpoint the model dir holds, oldest first."""
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    steps = sorted(checkpoint_steps(checkpoints))
+    if not steps:
+        raise RecflowError(f"{model_dir}: no checkpoint found")
+    return [
+        (step, restore_engine(model_dir, os.path.join(checkpoints, f"ckpt-{step}")).table_stats())
+        for step in steps
+    ]
