@@ -93,7 +93,7 @@ def assert_same_batches(a, b):
 
 
 def rows_of(model_dir):
-    from recflow.embedding.report import restore_engine
+    from recflow.training.tables import restore_engine
 
     return restore_engine(str(model_dir)).logical_rows()
 
