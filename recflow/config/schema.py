@@ -102,6 +102,8 @@ class DataConfig:
         max_bad_fraction: a pass whose skipped rows exceed this fraction of the rows read stops the run (exit 2).
         positive: label column -> the raw values (compared after stripping spaces) that are 1; every other value is 0.
         sample_rows: rows read from the start of `train` to fit `normalizer: {type: auto}`.
+        cache: `auto` parses CSV or TFRecord training files once for a run of several epochs (from the second epoch of a `train.steps` run) and reads every epoch's batches from memory, the same batches as parsing again; `off` parses each epoch. Local runs only (not streams or parameter servers).
+        cache_dir: where the parsed rows are kept while the run needs them (default `MODEL_DIR/cache`); checked at every load and rebuilt when damaged or made from other files.
     """
 
     format: Literal["csv", "tfrecord", "parquet", "synthetic", "kafka"] = "csv"
@@ -122,6 +124,8 @@ class DataConfig:
     positive: dict[str, tuple[str | int, ...]] = field(default_factory=dict)
     # rows read (from the start of data.train) to fit `normalizer: {type: auto}`
     sample_rows: int = 10_000
+    cache: Literal["auto", "off", False] = "auto"  # YAML reads a bare `off` as false
+    cache_dir: str | None = None
 
     def validate(self) -> None:
         _positive(self, "batch_size")

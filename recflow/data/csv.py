@@ -45,6 +45,7 @@ def dataset(
     epochs: int | None,
     shuffle: bool,
     rows: tuple[int, int] | None = None,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The CSV dataset of `files` (see `recflow.data.make_file_dataset`).
 
@@ -70,7 +71,8 @@ def dataset(
     )
     ds = records.batched(lines, config.data, shuffle=shuffle, epochs=epochs)
     parse = line_parser(config, header, "line")
-    return records.finish(ds, parse, files, records.parse_key(config, "csv", tuple(header)))
+    key = records.parse_key(config, "csv", tuple(header))
+    return records.finish(ds, parse, files, key, per_record=per_record)
 
 
 def line_parser(config: Config, header: Sequence[str], unit: str):
@@ -126,7 +128,7 @@ def line_parser(config: Config, header: Sequence[str], unit: str):
             fatal=records.fatal_checks(config, decoded),
         )
         counts = tf.add_n(nonfinite) if nonfinite else None
-        return records.outputs(config, decoded, bad, keep, deps, nonfinite=counts)
+        return records.outputs(config, decoded, bad, keep, deps, nonfinite=counts, present=present)
 
     return parse
 

@@ -71,6 +71,7 @@ def make_file_dataset(
     epochs: int | None,
     shuffle: bool | None = None,
     rows: tuple[int, int] | None = None,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The dataset of explicit files of the configured format, in the given order.
 
@@ -82,6 +83,8 @@ def make_file_dataset(
         rows: `(start, stop)`: only records `start` to `stop - 1` (0-based, a CSV
             header not counted) of the one file (CSV or TFRecord); messages keep
             the file's own line / record numbers. `--follow` reads appended rows so.
+        per_record: also give each batch's per-record keys (`records.RECORDS`,
+            `STATUS`, `ROW_NONFINITE`; CSV and TFRecord), which `recflow.data.cache` keeps.
     """
     files = [str(f) for f in files]
     if not files:
@@ -92,6 +95,10 @@ def make_file_dataset(
     reader = _READERS.get(fmt)
     if reader is None:
         raise DataError(f"data.format: {fmt!r} has no files; use make_dataset")
+    if per_record:
+        if fmt == "parquet" or rows is not None:
+            raise ValueError("per_record: reads whole CSV or TFRecord files only")
+        return reader.dataset(config, files, epochs=epochs, shuffle=shuffle, per_record=True)
     if rows is None:
         return reader.dataset(config, files, epochs=epochs, shuffle=shuffle)
     if len(files) != 1 or fmt == "parquet":

@@ -24,6 +24,12 @@ from recflow.errors import DataError
 AUTOTUNE = tf.data.AUTOTUNE
 NONFINITE = "/nonfinite"  # features key: count of non-finite numeric values in the batch
 TRUNCATED = "/truncated"  # transformed features key: multi_hot rows cut to max_values
+# Per-record features keys of a pipeline built with `per_record=True` (`recflow.data.cache`):
+RECORDS = "/records"  # [batch] int64: the key of every record of the batch, kept or not
+STATUS = "/status"  # [batch] int8: KEPT, BAD (dropped and counted) or IGNORED (a blank line)
+ROW_NONFINITE = "/row_nonfinite"  # [kept] int64: each kept row's non-finite numeric values
+IGNORED, KEPT, BAD = 0, 1, 2
+_PER_RECORD = (RECORDS, STATUS, ROW_NONFINITE)
 FILE_STRIDE = 2**40  # record keys: file index * FILE_STRIDE + record number
 SHUFFLE_BLOCK = 256  # records shuffled as one block (see `batched`)
 LONG_ROW = 4096  # bytes: a multi-valued value this long is cut before it is split (`first_values`)
@@ -117,6 +123,7 @@ def finish(
     fn: Callable,
     files: Sequence[str] | None = None,
     key: tuple | None = None,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The vectorized per-batch map (parallel, order kept) and prefetch.
 
@@ -127,9 +134,13 @@ def finish(
     names)` gets the files' names as a tensor (for messages, see `locator`), and is
     traced once per key (see `reused`), so a run's epochs and its evaluation trace
     their parsing once (a parse function is ~2,000 ops).
+
+    The per-record keys that `outputs` adds (`STATUS`, `ROW_NONFINITE`) are dropped
+    unless `per_record`; then `RECORDS` (the batch's record keys) is added too.
     """
     if key is None:
-        ds = ds.map(plain(fn), num_parallel_calls=AUTOTUNE, deterministic=True)
+        whole = fn if per_record else (lambda *x: _without_per_record(fn(*x)))
+        ds = ds.map(plain(whole), num_parallel_calls=AUTOTUNE, deterministic=True)
         return ds.prefetch(AUTOTUNE).with_options(options())
     parse = reused(fn, (*key, repr(ds.element_spec)))
     listed = list(files)
@@ -137,9 +148,18 @@ def finish(
     def mapped(keys, records):
         # Any number of files: the shared trace must not depend on how many.
         names = tf.raw_ops.PlaceholderWithDefault(input=tf.constant(listed), shape=[None])
-        return parse(keys, records, names)
+        features, labels, bad = parse(keys, records, names)
+        if per_record:
+            features = dict(features, **{RECORDS: keys})
+        return features, labels, bad
 
-    return finish(ds, mapped)
+    return finish(ds, mapped, per_record=per_record)
+
+
+def _without_per_record(element: tuple) -> tuple:
+    """`(features, labels, bad)` without the per-record keys of `outputs`."""
+    features, labels, bad = element
+    return {k: v for k, v in features.items() if k not in _PER_RECORD}, labels, bad
 
 
 def options() -> tf.data.Options:
@@ -436,13 +456,16 @@ def outputs(
     keep: tf.Tensor | None = None,
     deps=(),
     nonfinite: tf.Tensor | None = None,
+    present: tf.Tensor | None = None,
 ) -> tuple:
     """Builds `(features, labels, bad)` from decoded columns keyed by `Need.key`.
 
     Rows where `keep` is False are dropped (no copy when every row is kept); the
     outputs wait for `deps` (the bad-record assertions). `nonfinite` ([batch]
     int64, default: the infinite values) is summed over the kept rows into
-    `features[NONFINITE]`.
+    `features[NONFINITE]`. `present` ([batch] bool, default all): False for the
+    records ignored without being counted bad (blank lines); with `keep` it gives
+    each record's `STATUS` (which `finish` drops unless asked for).
     """
     keys = list(decoded)
     if nonfinite is None:
@@ -467,6 +490,16 @@ def outputs(
     else:
         kept = nonfinite if keep is None else tf.where(keep, nonfinite, tf.zeros_like(nonfinite))
         features[NONFINITE] = tf.reduce_sum(kept)
+    # Per record (dropped by `finish` unless asked for): no op of the batch path uses them.
+    if keep is None:  # every record kept
+        keep = tf.ones(tf.shape(decoded[keys[0]])[:1], tf.bool)
+    dropped_as = tf.constant(BAD, tf.int8)
+    if present is not None:
+        dropped_as = tf.where(present, dropped_as, tf.constant(IGNORED, tf.int8))
+    features[STATUS] = tf.where(keep, tf.constant(KEPT, tf.int8), dropped_as)
+    if nonfinite is None:
+        nonfinite = tf.zeros_like(keep, tf.int64)
+    features[ROW_NONFINITE] = tf.gather(nonfinite, tf.reshape(tf.where(keep), [-1]))
     labels = {label: column[label_key(config, label)] for label in config.labels}
     return features, labels, bad
 

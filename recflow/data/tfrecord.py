@@ -61,6 +61,7 @@ def dataset(
     epochs: int | None,
     shuffle: bool,
     rows: tuple[int, int] | None = None,
+    per_record: bool = False,
 ) -> tf.data.Dataset:
     """The TFRecord dataset of `files` (see `recflow.data.make_file_dataset`)."""
     uses = records.unique(sources.needs(config))
@@ -100,4 +101,4 @@ def dataset(
         return records.outputs(config, decoded, bad, keep, deps)
 
     key = records.parse_key(config, "tfrecord", repr(sorted(dtypes.items())), tuple(sorted(ragged)))
-    return records.finish(ds, parse, files, key)
+    return records.finish(ds, parse, files, key, per_record=per_record)

@@ -7,8 +7,9 @@ loss, the progress bar and the callbacks live there only. A runner never calls
 back into the trainer.
 
 - `LocalRunner`: one `tf.data` iterator per epoch, saved in the checkpoint (the
-  input position), one step at a time in this process; streams (`--follow`,
-  Kafka) feed it their own iterators.
+  input position), one step at a time in this process; its epochs read the
+  parsed rows of an input cache when the run has one (`recflow.data.cache`);
+  streams (`--follow`, Kafka) feed it their own iterators.
 - `recflow.distribute.ps_runner.PSRunner`: the epoch's input splits, handed out
   to the workers as `ClusterCoordinator` closures of whole chunks of batches; the
   split state is saved in the checkpoint.
@@ -28,7 +29,9 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
+from recflow.data.cache import FROM_FILES, InputCache
 from recflow.data.records import NONFINITE, TRUNCATED
+from recflow.errors import DataError
 from recflow.quiet import native_stderr_silenced
 
 logger = logging.getLogger(__name__)
@@ -67,28 +70,81 @@ class StepReport:
 class LocalRunner:
     """Runs steps in this process, from a checkpointed `tf.data` iterator.
 
+    With an input cache, the epochs from `cache.first_epoch` on read its rows. The
+    checkpoint records beside the position where it was read (`cache.VARIABLE`:
+    `cache.FROM_FILES`, or the cache's record layout; "" when it holds no position),
+    and a resumed epoch goes on reading the way it began, whatever `data.cache` says
+    now: a position only means something in its own pipeline.
+
     Args:
         config: the run config.
         model: the model trained (its `train_step` is traced once, on the first step).
-        make_input: `epoch -> tf.data.Dataset` of transformed training batches.
+        make_input: `(epoch, cache=None) -> tf.data.Dataset` of transformed training
+            batches (from the cache when one is given).
         files: the files the input reads (named when too many rows are bad).
+        cache: the run's input cache, or None.
+        resumed: the restored checkpoint's `cache.VARIABLE` value (None: no checkpoint).
     """
 
-    def __init__(self, config, model, make_input: Callable, files: list[str] | None = None):
+    def __init__(
+        self,
+        config,
+        model,
+        make_input: Callable,
+        files: list[str] | None = None,
+        cache: InputCache | None = None,
+        resumed: str | None = None,
+    ):
         self.config, self.model, self.make_input, self.files = config, model, make_input, files
+        self.cache, self._resumed = cache, resumed
         self.iterator = None
         self._step_fn = None
         self._first_step = True
+        self._source = tf.Variable("", trainable=False, name="input_cache")
 
     def start_epoch(self, epoch: int, last: bool = False) -> dict:
-        """Builds the input of `epoch`; returns what the checkpoint saves of it (the iterator).
+        """Builds the input of `epoch`; returns what the checkpoint saves of it (the iterator
+        and where it reads).
 
         After the `last` pass no iterator is built (its pipeline would start reading
-        while the run evaluates and exports): a checkpoint without an input position
-        starts its epoch at the beginning.
+        while the run evaluates and exports), and the cache is released: a checkpoint
+        without an input position starts its epoch at the beginning.
         """
-        self.iterator = None if last else iter(self.make_input(epoch))
-        return {"iterator": self.iterator}
+        if last:
+            self.iterator = None
+            if self.cache is not None:
+                self.cache.close()
+            self._source.assign("")
+            return {"iterator": None, "input_cache": self._source}
+        if self._reads_cache(epoch):
+            self.iterator = iter(self.make_input(epoch, cache=self.cache))
+            self._source.assign(self.cache.position_record())
+        else:
+            self.iterator = iter(self.make_input(epoch))
+            self._source.assign(FROM_FILES)
+        return {"iterator": self.iterator, "input_cache": self._source}
+
+    def _reads_cache(self, epoch: int) -> bool:
+        """Whether `epoch` reads the cache: as its restored position did, else by plan."""
+        resumed, self._resumed = self._resumed, None
+        if not resumed:  # no position to go on from
+            first = None if self.cache is None else self.cache.first_epoch
+            return first is not None and epoch >= first
+        if resumed == FROM_FILES:
+            return False
+        if self.cache is None:
+            raise DataError(
+                "the checkpoint's input position was read from an input cache of CSV or "
+                "TFRecord files, and this config reads none; train a new model dir"
+            )
+        self.cache.load()
+        if not self.cache.fits(resumed):
+            raise DataError(
+                f"data.train: the files changed since the checkpoint was written in epoch {epoch + 1} "
+                "(other numbers of records), so its position cannot resume; put the files back, "
+                "or train a new model dir"
+            )
+        return True
 
     def epoch_reports(self, epoch: int, target: int | None) -> Iterator[StepReport]:
         """The steps of the rest of the epoch (or to `target` steps)."""

@@ -18,6 +18,7 @@ import tf_keras as keras
 
 from recflow import data as data_lib
 from recflow.config.schema import Config
+from recflow.data import cache as input_cache
 from recflow.data import fit
 from recflow.data.records import NONFINITE, TRUNCATED, reused
 from recflow.embedding.placement import Placement
@@ -171,10 +172,13 @@ class Trainer:
                 rows += sum(1 for line in f if line.strip()) - (1 if data.csv.header else 0)
         return -(-max(rows, 0) // data.batch_size)
 
-    def epoch_dataset(self, epoch: int):
-        """One pass over the training data, shuffled differently each epoch."""
+    def epoch_dataset(self, epoch: int, cache: input_cache.InputCache | None = None):
+        """One pass over the training data, shuffled differently each epoch; read from
+        `cache` (the same batches) when given."""
         data = dataclasses.replace(self.config.data, seed=self.config.data.seed + epoch)
         config = dataclasses.replace(self.config, data=data)
+        if cache is not None:
+            return cache.dataset(config)
         ds = data_lib.make_dataset(config, "train", epochs=1)
         return self._transformed(ds)
 
@@ -186,7 +190,13 @@ class Trainer:
     def make_runner(self):
         """The step runner of `fit`: `make_runner`'s, else a `LocalRunner`."""
         if self._make_runner is None:
-            return LocalRunner(self.config, self.model, self.epoch_dataset, self.train_files())
+            files = self.train_files()
+            cache = input_cache.for_run(self.config, files, os.path.join(self.model_dir, "cache"))
+            resumed = saved_value(self.checkpoint_dir, input_cache.VARIABLE)
+            if resumed is None and saved_value(self.checkpoint_dir, "epoch") is not None:
+                resumed = input_cache.FROM_FILES.encode()  # written before the cache existed
+            resumed = None if resumed is None else resumed.decode()
+            return LocalRunner(self.config, self.model, self.epoch_dataset, files, cache, resumed)
         with self._scope():
             return self._make_runner(self.config, self.model, self._transformed)
 
