@@ -11,8 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,6 +24,7 @@ from recflow.training import model_dir as md
 from recflow.training.trainer import Trainer
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+SCRIPTS = Path(__file__).parent / "scripts"
 CONFIG = "configs/deepfm_demo.yaml"
 BATCH = 32
 
@@ -184,13 +185,7 @@ def test_nothing_readable_stops_with_one_line_naming_the_files(tmp_path, capsys)
 def test_second_writer_exits_2_naming_the_holder(tmp_path, capsys):
     model_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import time
-            from recflow.training.model_dir import writer_lock
-            with writer_lock({str(model_dir)!r}, "train"):
-                print("held", flush=True)
-                time.sleep(600)
-        """)],
+        [sys.executable, str(SCRIPTS / "hold_writer_lock.py"), str(model_dir)],
         env=ENV, stdout=subprocess.PIPE, text=True,
     )
     try:

@@ -494,13 +494,14 @@ class Trainer:
         return self.finish(examples, time.perf_counter() - began, start)
 
     def _ended(self, step: int) -> bool:
-        """Whether the model dir has the metrics and the export of a run that ended at `step`."""
+        """Whether the model dir has the metrics (and the export, unless `export.at_end` is off) of a run that ended at `step`."""
         try:
             with open(os.path.join(self.model_dir, "metrics.json"), encoding="utf-8") as f:
                 written = json.load(f).get("steps")
         except (OSError, ValueError):
             return False
-        return written == step and os.path.isdir(os.path.join(self.model_dir, "export", str(step)))
+        exported = not self.config.export.at_end or os.path.isdir(os.path.join(self.model_dir, "export", str(step)))
+        return written == step and exported
 
     def already_done(self, epoch: int) -> dict:
         """The summary of a model dir whose run is complete: nothing trained, nothing exported."""
@@ -667,7 +668,8 @@ class Trainer:
         if self.config.data.format == "synthetic" and self.config.task.type != "retrieval":
             oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
             result["oracle_auc"] = round(float(oracle), 6)
-        result["export"] = self.export()
+        if self.config.export.at_end:
+            result["export"] = self.export()
         passes = (self.config.train.total_epochs or 0) if train is None else 0
         result["timing"] = self.timing.as_dict(summary.get("examples", 0), passes)
         write_json(os.path.join(self.model_dir, "metrics.json"), result)
