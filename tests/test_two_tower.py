@@ -176,6 +176,7 @@ def test_task_and_model_must_agree():
 
 # ----------------------------------------------------------------------------- train, evaluate, serve
 
+# Not conftest's SMALL: the two-tower config, trained long enough to beat random retrieval.
 SMALL = [
     "data.synthetic={rows: 30000, eval_rows: 3000, seed: 3, schema: demo}",
     "data.batch_size=512",
