@@ -64,8 +64,25 @@ def raw_rows():
     return config, raw
 
 
-def test_export_serves_in_plain_tensorflow_and_matches(trained, tmp_path):
-    config, raw = raw_rows()
+@pytest.fixture(scope="module")
+def restored(trained):
+    """The trained model, restored from its last checkpoint (step 8)."""
+    from recflow.training.trainer import Trainer
+
+    config, _ = raw_rows()
+    trainer = Trainer(config, model_dir=str(trained), verbose=0)
+    assert trainer.restore() == 8
+    return trainer.model
+
+
+def feed(raw):
+    import tensorflow as tf
+
+    return {k: tf.constant(v.tolist() if v.dtype == object else v) for k, v in raw.items()}
+
+
+def test_export_serves_in_plain_tensorflow_and_matches(trained, restored, tmp_path):
+    _, raw = raw_rows()
     np.savez(tmp_path / "inputs.npz", **raw)
     export_dir = trained / "export" / "8"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -77,14 +94,7 @@ def test_export_serves_in_plain_tensorflow_and_matches(trained, tmp_path):
     assert served.shape == (50,)
 
     # The in-process model, restored from the checkpoint, scores the same rows the same way.
-    import tensorflow as tf
-
-    from recflow.training.trainer import Trainer
-
-    trainer = Trainer(config, model_dir=str(trained), verbose=0)
-    assert trainer.restore() == 8
-    feed = {k: tf.constant(v.tolist() if v.dtype == object else v) for k, v in raw.items()}
-    in_process = trainer.model.predict_raw(feed)["probability"].numpy().reshape(-1)
+    in_process = restored.predict_raw(feed(raw))["probability"].numpy().reshape(-1)
     np.testing.assert_allclose(served, in_process, rtol=1e-5, atol=1e-6)
 
     # `recflow predict` on the same rows written as CSV.
@@ -98,6 +108,25 @@ def test_export_serves_in_plain_tensorflow_and_matches(trained, tmp_path):
     )
     predicted = np.array([float(x) for x in result.stdout.split()])
     np.testing.assert_allclose(predicted, served, atol=2e-6)
+
+
+def test_call_and_the_serving_signature_agree(trained, restored):
+    # One forward pass: `model(features)` on the transformed batch (the training tables,
+    # eagerly and traced as the evaluator runs it) and the export's `serving_default` on
+    # the raw batch (its own tables) give the same probabilities.
+    import tensorflow as tf
+
+    from recflow.features.transform import transform
+
+    config, raw = raw_rows()
+    features = transform(config, feed(raw))
+    eager = restored(features)["probability"].numpy().reshape(-1)
+    traced = tf.function(lambda f: restored(f, training=False), autograph=False)(features)
+    serve = tf.saved_model.load(str(trained / "export" / "8")).signatures["serving_default"]
+    served = serve(**feed(raw))["probability"].numpy().reshape(-1)
+    assert served.shape == (50,) and np.ptp(served) > 1e-3  # a trained model, not a constant
+    np.testing.assert_allclose(eager, served, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(traced["probability"].numpy().reshape(-1), served, rtol=0, atol=1e-6)
 
 
 def test_resume_continues_to_the_total(tmp_path):

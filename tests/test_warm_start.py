@@ -38,7 +38,7 @@ def _restored_model(model_dir):
     import tensorflow as tf
 
     from recflow.config import load_config
-    from recflow.models.base import build_model
+    from recflow.models import build_model
 
     model = build_model(load_config(str(model_dir / "config.yaml")))
     model.build_weights()

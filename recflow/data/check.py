@@ -31,6 +31,7 @@ from recflow.config.schema import (
     NumericFeature,
 )
 from recflow.data import sources
+from recflow.data.fit import fit_normalizer
 from recflow.errors import DataError
 
 EXACT_DISTINCT = 100_000  # above this many distinct values, estimate (KMV sketch)
@@ -202,8 +203,6 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
 
 
 def _report(config, files, read, bad, first_bad, stats) -> dict:
-    from recflow.data.fit import fit_normalizer
-
     report: dict = {"files": len(files), "rows_read": read, "bad_rows": bad, "first_bad": first_bad}
     features, labels, problems, advice = [], [], [], []
     limit = config.data.max_bad_fraction

@@ -58,9 +58,8 @@ def _skewness(x: np.ndarray) -> float:
 
 def sample_numbers(config: Config, names: list[str]) -> dict[str, np.ndarray]:
     """Raw values of numeric features over the first `data.sample_rows` training rows."""
-    from recflow.data.pipeline import (
-        make_dataset,  # loads TensorFlow; `recflow check` fits without it
-    )
+    # Imported here: it loads TensorFlow, which `recflow check` (fit_normalizer) does without.
+    from recflow.data.pipeline import make_dataset
 
     ds = make_dataset(config, "train", epochs=1, shuffle=False)
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}

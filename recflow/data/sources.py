@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from recflow.config.schema import Config, CsvOptions
+from recflow.data import synthetic
 from recflow.errors import DataError
 
 # The tag in front of the in-graph message of a malformed record (on_bad_record: fail).
@@ -315,8 +316,6 @@ def check_rows(config: Config, files: list[str], where: str) -> None:
 
 def check_synthetic(config: Config) -> None:
     """Checks that every feature source and label is a column of the synthetic schema."""
-    from recflow.data import synthetic
-
     schema = config.data.synthetic.schema
     columns = synthetic.columns(schema)
     for need in needs(config):

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import pipeline, records, sources
+from recflow.data import pipeline, records, sources, synthetic
 
 logger = logging.getLogger(__name__)
 
@@ -104,8 +104,6 @@ class SyntheticChunks:
     """
 
     def __init__(self, config: Config):
-        from recflow.data import synthetic
-
         self.config = config
         columns, _ = synthetic.generate(config.data.synthetic, "train")
         self.uses = records.unique(sources.needs(config))

@@ -36,9 +36,10 @@ from recflow.config.convert import to_dict
 from recflow.embedding.table import empty_buckets, segment_buckets
 from recflow.errors import RecflowError
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY, raw_keys
-from recflow.features.transform import serving_dtype, transform
+from recflow.features.transform import serving_dtype
 from recflow.models import identity
 from recflow.models.base import RankingModel, RetrievalModel
+from recflow.models.inputs import Lookup
 
 logger = logging.getLogger(__name__)
 
@@ -83,22 +84,11 @@ class ServingModule(tf.Module):
         def read(i, keys):
             return tf.reshape(self.tables[i].lookup(raw_keys(keys)), [-1, dims[i]])
 
-        def embed(raw):
-            # A signature over some of the features (a retrieval side) feeds the others empty.
-            batch = tf.shape(next(iter(raw.values())))[:1]
-            raw = {
-                f.name: raw[f.name] if f.name in raw else empty_column(f, batch)
-                for f in config.features
-            }
-            ids, dense = model.split_features(transform(config, raw))
-            inputs = dict(dense)
-            inputs.update(engine.embed_with(ids, read))
-            return inputs
+        # The model's forward pass over raw columns, reading this module's tables.
+        lookup = Lookup(lambda ids: engine.embed_with(ids, read), raw=True)
 
         def serve(raw):
-            # The model's inference tower function: AutoGraph converts a user tower there
-            # (once: evaluation traced it for the same shapes already).
-            logits = model._logits_by_head(model._infer_tower(embed(raw)))
+            logits = model.forward(raw, lookup=lookup)
             return {h.output: h.export_output(logits[h.name]) for h in model.heads}
 
         def signature(names):
@@ -106,12 +96,14 @@ class ServingModule(tf.Module):
             return {f.name: tf.TensorSpec([None], serving_dtype(f), name=f.name) for f in features}
 
         if isinstance(model, RetrievalModel):
+            # Each side's signature feeds only its own columns: the tower computes that side.
+            head = model.heads[0].name
             self.query = tf.function(
-                lambda raw: {"embedding": model.side_tower("query", embed(raw))},
+                lambda raw: {"embedding": model.forward(raw, lookup=lookup)[head]["query"]},
                 input_signature=[signature(model.query_features)],
             )
             self.candidate = tf.function(
-                lambda raw: {"embedding": model.side_tower("candidate", embed(raw))},
+                lambda raw: {"embedding": model.forward(raw, lookup=lookup)[head]["candidate"]},
                 input_signature=[signature(model.candidate_features)],
             )
             self.serving_default = self.query.get_concrete_function()
@@ -207,15 +199,6 @@ def dense_weights(model: RankingModel) -> list[tf.Variable]:
     """The model's dense float weights, in a fixed order: what a delta carries and
     `apply_delta` assigns (table routes and counters are integers, not carried)."""
     return [v for v in model.variables if v.dtype.is_floating]
-
-
-def empty_column(feature, batch: tf.Tensor) -> tf.Tensor:
-    """A column of empty raw values: -1 (int64), "" (string) or NaN (float32)."""
-    dtype = serving_dtype(feature)
-    value = {tf.int64: tf.constant(-1, tf.int64), tf.string: tf.constant("")}.get(
-        dtype, tf.constant(float("nan"))
-    )
-    return tf.fill(batch, value)
 
 
 def serving_buckets(keys: int) -> int:

@@ -24,8 +24,8 @@ from recflow.embedding import wire
 from recflow.embedding.engine import EmbeddingEngine
 from recflow.embedding.placement import Placement
 from recflow.features.transform import transform
-from recflow.models.heads import Head, RetrievalHead, heads_for
-from recflow.models.inputs import feature_of, linear_key, mask_key
+from recflow.models.heads import Head, heads_for
+from recflow.models.inputs import Lookup, empty_column, feature_of, linear_key, mask_key
 
 
 class RankingModel(keras.Model):
@@ -95,35 +95,61 @@ class RankingModel(keras.Model):
         dense = {f.name: features[f.name] for f in self.config.numeric_features}
         return ids, dense
 
-    def _logits_by_head(self, outputs) -> dict:
+    def forward(self, features: dict, training: bool = False, lookup: Lookup | None = None) -> dict:
+        """Columns -> every head's logits, `{head.name: logits}`: the one forward pass of
+        `call`, `build_weights`, the training step and the export's serving functions.
+
+        Raw columns -> feature transforms (with `lookup.raw`) -> embedding lookups
+        (`lookup.embed`) -> tower -> the heads' logits. Inside a traced function the
+        tower runs as its own traced function (AutoGraph converts user code there even
+        when the function around it is traced without it; `train.xla` compiles the
+        training one with XLA); run eagerly, it runs as written (and creates its weights).
+
+        Args:
+            features: one column per feature: transformed (the input pipeline's form),
+                or raw with `lookup.raw`.
+            training: the training pass (dropout on).
+            lookup: how the rows are read (`recflow.models.inputs.Lookup`); default:
+                the training tables, read-only (unknown keys read zeros).
+        """
+        lookup = lookup or Lookup(self.embedding.embed)
+        given = set(features)
+        if lookup.raw:
+            batch = tf.shape(next(iter(features.values())))[:1]
+            raw = {
+                f.name: features[f.name] if f.name in given else empty_column(f, batch)
+                for f in self.config.features
+            }
+            features = transform(self.config, raw)
+        ids, inputs = self.split_features(features)
+        inputs.update(lookup.embed(ids))
+        inputs = {k: v for k, v in inputs.items() if feature_of(k) in given}
+        if tf.executing_eagerly():
+            outputs = self.tower(inputs, training=training)
+        else:
+            outputs = (self._train_tower if training else self._infer_tower)(inputs)
         if len(self.heads) != 1 and not isinstance(outputs, dict):
             raise ValueError("a multi-task tower must return {task_name: logits}")
         return {h.name: h.logits_of(outputs) for h in self.heads}
 
+    def predictions(self, logits: dict) -> dict:
+        """The heads' logits (`forward`) -> `{head.output: activated prediction}`."""
+        return {h.output: h.activate(logits[h.name]) for h in self.heads}
+
     def call(self, features: dict, training: bool = False) -> dict:
         """Transformed features -> {head output name: activated prediction [B, 1]}."""
-        ids, dense = self.split_features(features)
-        inputs = dict(dense)
-        inputs.update(self.embedding.embed(ids))
-        tower = self._train_tower if training else self._infer_tower
-        logits = self._logits_by_head(tower(inputs))
-        return {h.output: h.activate(logits[h.name]) for h in self.heads}
+        return self.predictions(self.forward(features, training))
 
     def predict_raw(self, raw: dict) -> dict:
         """Raw columns (serving form) -> predictions."""
-        return self(transform(self.config, raw), training=False)
+        return self.predictions(self.forward(raw, lookup=Lookup(self.embedding.embed, raw=True)))
 
     def build_weights(self) -> None:
         """Creates the dense weights and the optimizer's slots now (one eager pass over an
         empty row), so a training step is traced once instead of twice (a tf.function
         that creates variables on its first trace is traced again)."""
-        from recflow.export.saved_model import empty_column  # noqa: PLC0415 (export imports models)
-
-        raw = {f.name: empty_column(f, tf.constant([1])) for f in self.config.features}
-        ids, dense = self.split_features(transform(self.config, raw))
-        inputs = dict(dense)
-        inputs.update(self.embedding.embed(ids))
-        self.tower(inputs, training=False)
+        empty = {f.name: empty_column(f, tf.constant([1])) for f in self.config.features}
+        self.forward(empty, lookup=Lookup(self.embedding.embed, raw=True))
         if self.optimizer is not None and self.trainable_variables:
             self.optimizer.build(self.trainable_variables)
 
@@ -152,7 +178,7 @@ class RankingModel(keras.Model):
             in_loop: the step runs inside a `tf.while_loop` (`train_chunk`).
         """
         features, labels, bad = data
-        ids, dense = self.split_features(features)
+        ids, _ = self.split_features(features)
         engine = self.embedding
         if prefetch is None:
             fetched = engine.fetch(ids)
@@ -165,9 +191,8 @@ class RankingModel(keras.Model):
         rows = [s.emb for s in states]
         with tf.GradientTape() as tape:
             tape.watch(rows)
-            inputs = dict(dense)
-            inputs.update(engine.embed_step(states, ids))
-            logits = self._logits_by_head(self._train_tower(inputs))
+            lookup = Lookup(lambda ids: engine.embed_step(states, ids))
+            logits = self.forward(features, training=True, lookup=lookup)
             loss = self.compute_total_loss(labels, logits)
         variables = self.trainable_variables
         grads = tape.gradient(loss, list(variables) + rows)
@@ -344,30 +369,12 @@ class RetrievalModel(RankingModel):
         return tower(own, training=training)
 
     def tower(self, inputs: dict, training: bool = False) -> dict:
-        return {side: self.side_tower(side, inputs, training) for side in ("query", "candidate")}
+        """`{"query": [B, d], "candidate": [B, d]}`; a side whose features are not in
+        `inputs` (a serving signature over the other side's columns) is left out."""
+        sides = {"query": self.query_features, "candidate": self.candidate_features}
+        return {
+            side: self.side_tower(side, inputs, training)
+            for side, names in sides.items()
+            if all(name in inputs for name in names)
+        }
 
-
-def build_model(config: Config, placement: Placement | None = None) -> RankingModel:
-    """Instantiates `config.model` with its params."""
-    from recflow.errors import ConfigError
-    from recflow.models.registry import check_params, get_model_class
-
-    cls = get_model_class(config.model.type)
-    heads = heads_for(config)
-    retrieval = any(isinstance(h, RetrievalHead) for h in heads)
-    if retrieval and not issubclass(cls, RetrievalModel):
-        raise ConfigError(
-            "model.type",
-            f"task.type 'retrieval' needs a retrieval model (e.g. 'two_tower'), got {config.model.type!r}",
-        )
-    if issubclass(cls, RetrievalModel) and not retrieval:
-        raise ConfigError(
-            "task.type",
-            f"model {config.model.type!r} is a retrieval model: expected 'retrieval', got {config.task.type!r}",
-        )
-    params = config.model.params
-    check_params(cls, config.model.type, params)
-    try:
-        return cls(config, placement=placement, **params)
-    except (TypeError, ValueError) as e:
-        raise ConfigError("model.params", " ".join(str(e).split())) from None

@@ -1,13 +1,20 @@
-"""Model registry: `model.type` is a registered name or `package.module:ClassName`."""
+"""Model registry: `model.type` is a registered name or `package.module:ClassName`;
+`build_model` instantiates it.
+
+The built-in models (`recflow.models.zoo`) register when `recflow.models` is imported.
+"""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Mapping
 
 from recflow.config import model_module
+from recflow.config.schema import Config
+from recflow.embedding.placement import Placement
 from recflow.errors import ConfigError
+from recflow.models.base import RankingModel, RetrievalModel
+from recflow.models.heads import RetrievalHead, heads_for
 
 _MODELS: dict[str, type] = {}
 
@@ -16,7 +23,7 @@ def register_model(name: str):
     """Class decorator: makes a `RankingModel` subclass available as `model.type: name`."""
 
     def wrap(cls):
-        model_module.register(_MODELS, name, cls, None, "model")
+        model_module.register(_MODELS, name, cls, RankingModel, "model")
         cls.registered_name = name
         return cls
 
@@ -24,12 +31,7 @@ def register_model(name: str):
 
 
 def registered_models() -> list[str]:
-    _load_zoo()
     return sorted(_MODELS)
-
-
-def _load_zoo() -> None:
-    importlib.import_module("recflow.models.zoo")
 
 
 def get_model_class(type_name: str) -> type:
@@ -39,18 +41,12 @@ def get_model_class(type_name: str) -> type:
     `recflow.config.model_module.locate` found it in (the config's folder or the
     working directory) when the config was loaded.
     """
-    from recflow.models.base import RankingModel
-
     if model_module.is_class_path(type_name):
         return model_module.import_class(type_name, "model.type", RankingModel, "RankingModel")
-    _load_zoo()
     if type_name not in _MODELS:
         known = ", ".join(sorted(_MODELS))
         raise ConfigError("model.type", f"no model {type_name!r} (registered: {known})")
-    cls = _MODELS[type_name]
-    if not (isinstance(cls, type) and issubclass(cls, RankingModel)):
-        raise ConfigError("model.type", f"{type_name!r} is not a RankingModel subclass")
-    return cls
+    return _MODELS[type_name]
 
 
 _SUPPLIED = ("self", "config", "placement")  # passed by recflow, not by model.params
@@ -64,8 +60,6 @@ def model_parameters(cls: type) -> tuple[list[str], list[str]]:
     its bases' up to `RankingModel`, which takes `name`. The required ones are the
     arguments of the first `__init__` without a default.
     """
-    from recflow.models.base import RankingModel
-
     allowed: list[str] = []
     required: list[str] = []
     first = True
@@ -106,3 +100,30 @@ def check_params(cls: type, type_name: str, params: Mapping) -> None:
     for name in required:
         if name not in params:
             raise ConfigError(f"model.params.{name}", f"required by {type_name}")
+
+
+def build_model(config: Config, placement: Placement | None = None) -> RankingModel:
+    """Instantiates `config.model` with its params.
+
+    Raises:
+        ConfigError: an unknown model, params it does not take, or a model that does
+            not fit the task (a retrieval model needs `task.type: retrieval`, and back).
+    """
+    cls = get_model_class(config.model.type)
+    retrieval = any(isinstance(h, RetrievalHead) for h in heads_for(config))
+    if retrieval and not issubclass(cls, RetrievalModel):
+        raise ConfigError(
+            "model.type",
+            f"task.type 'retrieval' needs a retrieval model (e.g. 'two_tower'), got {config.model.type!r}",
+        )
+    if issubclass(cls, RetrievalModel) and not retrieval:
+        raise ConfigError(
+            "task.type",
+            f"model {config.model.type!r} is a retrieval model: expected 'retrieval', got {config.task.type!r}",
+        )
+    params = config.model.params
+    check_params(cls, config.model.type, params)
+    try:
+        return cls(config, placement=placement, **params)
+    except (TypeError, ValueError) as e:
+        raise ConfigError("model.params", " ".join(str(e).split())) from None

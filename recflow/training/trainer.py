@@ -30,8 +30,8 @@ from recflow.embedding.placement import Placement
 from recflow.errors import DataError, RecflowError
 from recflow.export.saved_model import Exporter, dense_weights
 from recflow.features.transform import transform
-from recflow.models import identity
-from recflow.models.base import RankingModel, build_model
+from recflow.models import build_model, identity
+from recflow.models.base import RankingModel
 from recflow.training import model_dir as model_dir_lib
 from recflow.training import warm_start as warm_start_lib
 from recflow.training.callbacks import (

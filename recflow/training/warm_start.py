@@ -33,8 +33,7 @@ import tensorflow as tf
 from recflow.config.loader import load_config
 from recflow.embedding.placement import ModPlacement
 from recflow.errors import RecflowError
-from recflow.models import identity
-from recflow.models.base import build_model
+from recflow.models import build_model, identity
 from recflow.training import model_dir as model_dir_lib
 
 logger = logging.getLogger(__name__)
