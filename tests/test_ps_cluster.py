@@ -12,10 +12,10 @@ import numpy as np
 from conftest import items, small
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-STEPS, EVERY, TTL = 120, 20, 30
+STEPS, EVERY, TTL = 240, 40, 60
 SETTINGS = items(small({
-    # 120 steps stay inside the first pass (each row is read once per epoch), where
-    # most users are seen once: they wait for admission.
+    # 240 steps stay inside the first pass (each row is read once per epoch), where
+    # about half the users are seen once: they wait for admission.
     "data.synthetic": {"rows": 20000, "eval_rows": 500, "seed": 11, "schema": "demo"},
     "data.batch_size": 64,
     "train.epochs": None,
