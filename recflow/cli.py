@@ -231,7 +231,7 @@ def cmd_train(args) -> int:
 
         print(describe(result["warm_start"]))
     print(_format_metrics(result))
-    print(f"model dir: {model_dir}   export: {result['export']}")
+    print(f"model dir: {model_dir}   export: {result.get('export', 'none (export.at_end: false)')}")
     return 0
 
 

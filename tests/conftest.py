@@ -1,6 +1,9 @@
-"""Shared fixtures: quiet TensorFlow, Keras 2, small configs."""
+"""Shared fixtures: quiet TensorFlow, Keras 2, the demo at test size, a trained model."""
 
+import json
 import os
+
+import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -26,3 +29,64 @@ def fingerprint_ids(strings) -> list[int]:
         (fp,) = [lo + k * 2**62 for k in range(4) if (lo + k * 2**62) % (2**63 - 1) == r]
         out.append(fp - 2**64 if fp >= 2**63 else fp)
     return out
+
+
+# ----------------------------------------------------------------------------- the demo at test size
+
+DEMO = "configs/deepfm_demo.yaml"
+
+# The demo model at test size: 1024 rows in batches of 128 (8 steps an epoch), one epoch,
+# one hidden layer of 8. Modules change what their check needs with `small(...)`.
+SMALL = {
+    "data.synthetic": {"rows": 1024, "eval_rows": 256, "seed": 3, "schema": "demo"},
+    "data.batch_size": 128,
+    "model.params": {"dnn": {"hidden_units": [8]}},
+    "train.epochs": 1,
+}
+
+
+def small(*changes: dict, export: bool = False) -> dict:
+    """SMALL with `changes` merged in, later ones winning. Without `export` the run
+    ends without writing a SavedModel (`export.at_end: false`): a test that reads the
+    export asks for it."""
+    merged = dict(SMALL)
+    for change in changes:
+        merged.update(change)
+    merged.setdefault("export.at_end", export)
+    return merged
+
+
+def sets(overrides: dict) -> list[str]:
+    """`--set KEY=VALUE` command-line arguments; values as JSON, which YAML reads."""
+    return [arg for item in items(overrides) for arg in ("--set", item)]
+
+
+def items(overrides: dict) -> list[str]:
+    """`KEY=VALUE` override strings (what `load_config` and `--set` take)."""
+    return [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
+
+
+# The shared trained model: 8 steps, checkpoints at 4 and 8, item admission and user
+# eviction (so its tables have waiting keys and evicted rows), the export of step 8.
+TRAINED = small(
+    {
+        "train.checkpoint_every_steps": 4,
+        "tables.item.admission": {"min_count": 2},
+        "tables.user.eviction": {"ttl_steps": 3},
+    },
+    export=True,
+)
+
+
+@pytest.fixture(scope="session")
+def trained_demo(tmp_path_factory):
+    """(model dir, metrics) of the demo trained once with TRAINED for the whole session.
+
+    Read it only: a test that trains, evaluates or exports into a model dir copies
+    this one first (`shutil.copytree`)."""
+    import recflow.api
+
+    model_dir = tmp_path_factory.mktemp("trained_demo") / "model"
+    metrics = recflow.api.train(DEMO, model_dir=str(model_dir), overrides=TRAINED)
+    assert metrics["steps"] == 8 and metrics["export"] == str(model_dir / "export" / "8")
+    return model_dir, metrics

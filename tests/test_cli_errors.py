@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import yaml
 from recflow.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
 
 HEADER = "user_id,item_id,city,price,click"
 ROWS = [
@@ -326,25 +327,8 @@ def test_subprocess_user_errors_do_not_import_tensorflow(tmp_path):
     write_config(tmp_path, raw, "bad.yaml")
     write_csv(tmp_path, ["user_id,item_id,click", "1,a,1"])
     write_config(tmp_path, tiny_config(tmp_path), "nodata.yaml")
-    script = textwrap.dedent(
-        """
-        import sys
-        from recflow.cli import main
-        codes = [
-            main(["train", "bad.yaml"]),
-            main(["evaluate", "bad.yaml"]),
-            main(["export", "bad.yaml", "--delta"]),
-            main(["plan", "bad.yaml"]),
-            main(["train", "nodata.yaml"]),
-            main(["plan", "missing.yaml"]),
-            main(["train", "nodata.yaml", "--set", "oops"]),
-            main(["data", "synth", "--out", "synth", "--rows", "0"]),
-        ]
-        print("tensorflow" in sys.modules, codes)
-        """
-    )
     proc = subprocess.run(
-        [sys.executable, "-c", script],
+        [sys.executable, str(SCRIPTS / "user_errors_without_tensorflow.py")],
         cwd=tmp_path,
         env=_env(),
         capture_output=True,
@@ -515,27 +499,6 @@ def test_plan_and_export_do_not_need_data_train(tmp_path, capsys):
     assert os.path.isfile(tmp_path / "run" / "export" / "2" / "saved_model.pb")
 
 
-TOWER = """
-import tensorflow as tf
-import tf_keras as keras
-
-from recflow.models import RankingModel
-
-from {helper} import UNITS  # a sibling module of the tower imports too
-
-
-class Tiny(RankingModel):
-    def __init__(self, config, hidden=UNITS, **kwargs):
-        super().__init__(config, **kwargs)
-        self.hidden = keras.layers.Dense(hidden, activation="relu")
-        self.head = keras.layers.Dense(1)
-
-    def tower(self, inputs, training=False):
-        x = tf.concat(self.pooled(inputs) + [self.numeric(inputs)], axis=-1)
-        return self.head(self.hidden(x))
-"""
-
-
 def test_user_model_next_to_its_config_runs_without_pythonpath(tmp_path, capsys, monkeypatch):
     """Finding 11: `model.type: "mymodule:Cls"` failed from the CLI unless PYTHONPATH was
     set. Found in the config's folder (train) and in the working directory (plan)."""
@@ -544,8 +507,8 @@ def test_user_model_next_to_its_config_runs_without_pythonpath(tmp_path, capsys,
     write_csv(tmp_path, [HEADER, *ROWS])
     folder = tmp_path / "configs"
     folder.mkdir()
-    (folder / "issue19_tower_a.py").write_text(TOWER.format(helper="issue19_units_a"))
-    (folder / "issue19_units_a.py").write_text("UNITS = 3\n")
+    shutil.copy(SCRIPTS / "sibling_tower.py", folder / "issue19_tower_a.py")
+    shutil.copy(SCRIPTS / "sibling_units.py", folder / "sibling_units.py")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)
@@ -561,8 +524,9 @@ def test_user_model_next_to_its_config_runs_without_pythonpath(tmp_path, capsys,
         == "recflow: model.params.hiden: unknown parameter of issue19_tower_a:Tiny (allowed: hidden, name)"
     )
 
-    (elsewhere / "issue19_tower_b.py").write_text(TOWER.format(helper="issue19_units_b"))
-    (elsewhere / "issue19_units_b.py").write_text("UNITS = 3\n")
+    shutil.copy(SCRIPTS / "sibling_tower.py", elsewhere / "issue19_tower_b.py")
+    shutil.copy(SCRIPTS / "sibling_units.py", elsewhere / "sibling_units.py")
+    monkeypatch.delitem(sys.modules, "sibling_units")  # found again, now in the working directory
     raw["model"] = {"type": "issue19_tower_b:Tiny"}
     config = write_config(folder, raw, "cwd.yaml")
     capsys.readouterr()

@@ -2,51 +2,50 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import DEMO, TRAINED, items, sets, small
 
 from recflow.cli import main
 
-SMALL = [
-    "data.synthetic={rows: 4000, eval_rows: 1000, seed: 3, schema: demo}",
-    "data.batch_size=256",
-    "train.epochs=null",
-    "train.steps=12",
-    "train.checkpoint_every_steps=5",
-    "model.params={dnn: {hidden_units: [16]}}",
-]
+SERVE_WITHOUT_RECFLOW = Path(__file__).parent / "scripts" / "serve_without_recflow.py"
+# Resume arithmetic: 4000 rows in batches of 256 make 15 full batches and a short one
+# of 160 at step 16, which the resumed run's example count must include.
+RESUMED = small({"data.synthetic": {"rows": 4000, "eval_rows": 1000, "seed": 3, "schema": "demo"},
+                 "data.batch_size": 256, "train.epochs": None}, export=True)
 
 
-def train(model_dir, *extra):
-    args = ["train", "configs/deepfm_demo.yaml", "--model-dir", str(model_dir), "--quiet"]
-    for item in SMALL + list(extra):
-        args += ["--set", item]
+def train(model_dir, overrides):
+    args = ["train", DEMO, "--model-dir", str(model_dir), "--quiet", *sets(overrides)]
     assert main(args) == 0
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("run")
-    train(model_dir)
-    return model_dir
+def trained(trained_demo, tmp_path_factory):
+    """This module's copy of the session's trained demo (8 steps, checkpoints at 4 and
+    8, the export of step 8): its last test evaluates and exports into it."""
+    copy = tmp_path_factory.mktemp("end_to_end") / "model"
+    shutil.copytree(trained_demo[0], copy)
+    return copy
 
 
 def test_model_dir_layout(trained):
     metrics = json.loads((trained / "metrics.json").read_text())
     for key in ("auc", "logloss", "examples_per_sec", "steps", "bad_records", "oracle_auc"):
         assert key in metrics
-    assert metrics["steps"] == 12
-    assert metrics["eval_examples"] == 1000
+    assert metrics["steps"] == 8
+    assert metrics["eval_examples"] == 256
     assert 0.0 <= metrics["auc"] <= 1.0
     assert (trained / "config.yaml").exists()
     assert os.listdir(trained / "logs")
     checkpoints = sorted(p.name for p in (trained / "checkpoints").iterdir())
-    assert "ckpt-12.index" in checkpoints and "ckpt-10.index" in checkpoints
-    assert sorted(os.listdir(trained / "export")) == ["12"]  # the version is the step
+    assert "ckpt-8.index" in checkpoints and "ckpt-4.index" in checkpoints
+    assert sorted(os.listdir(trained / "export")) == ["8"]  # the version is the step
     assert not [p for p in os.listdir(trained / "export") if p.startswith(".tmp")]
 
 
@@ -54,7 +53,7 @@ def raw_rows():
     from recflow.config import load_config
     from recflow.data import generate
 
-    config = load_config("configs/deepfm_demo.yaml", SMALL)
+    config = load_config(DEMO, items(TRAINED))
     columns, _ = generate(config.data.synthetic, "eval")
     n = 50
     raw = {}
@@ -65,30 +64,14 @@ def raw_rows():
     return config, raw
 
 
-SERVE_WITHOUT_RECFLOW = textwrap.dedent(
-    """
-    import sys
-    sys.modules["recflow"] = None  # any `import recflow` now fails
-    import numpy as np, tensorflow as tf
-    export_dir, inputs, out = sys.argv[1:]
-    data = np.load(inputs, allow_pickle=True)
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
-    specs = serve.structured_input_signature[1]
-    feed = {k: tf.constant(data[k].tolist() if specs[k].dtype == tf.string else data[k], specs[k].dtype)
-            for k in specs}
-    np.save(out, serve(**feed)["probability"].numpy())
-    """
-)
-
-
 @pytest.fixture(scope="module")
 def restored(trained):
-    """The trained model, restored from its last checkpoint (step 12)."""
+    """The trained model, restored from its last checkpoint (step 8)."""
     from recflow.training.trainer import Trainer
 
     config, _ = raw_rows()
     trainer = Trainer(config, model_dir=str(trained), verbose=0)
-    assert trainer.model_dir.restore() == 12
+    assert trainer.model_dir.restore() == 8
     return trainer.model
 
 
@@ -101,12 +84,10 @@ def feed(raw):
 def test_export_serves_in_plain_tensorflow_and_matches(trained, restored, tmp_path):
     _, raw = raw_rows()
     np.savez(tmp_path / "inputs.npz", **raw)
-    script = tmp_path / "serve.py"
-    script.write_text(SERVE_WITHOUT_RECFLOW)
-    export_dir = trained / "export" / "12"
+    export_dir = trained / "export" / "8"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     subprocess.run(
-        [sys.executable, str(script), str(export_dir), str(tmp_path / "inputs.npz"), str(tmp_path / "out.npy")],
+        [sys.executable, str(SERVE_WITHOUT_RECFLOW), str(export_dir), str(tmp_path / "inputs.npz"), str(tmp_path / "out.npy")],
         check=True, env=env, cwd=tmp_path,
     )
     served = np.load(tmp_path / "out.npy").reshape(-1)
@@ -141,18 +122,18 @@ def test_call_and_the_serving_signature_agree(trained, restored):
     features = transform(config, feed(raw))
     eager = restored(features)["probability"].numpy().reshape(-1)
     traced = tf.function(lambda f: restored(f, training=False), autograph=False)(features)
-    serve = tf.saved_model.load(str(trained / "export" / "12")).signatures["serving_default"]
+    serve = tf.saved_model.load(str(trained / "export" / "8")).signatures["serving_default"]
     served = serve(**feed(raw))["probability"].numpy().reshape(-1)
     assert served.shape == (50,) and np.ptp(served) > 1e-3  # a trained model, not a constant
     np.testing.assert_allclose(eager, served, rtol=0, atol=1e-6)
     np.testing.assert_allclose(traced["probability"].numpy().reshape(-1), served, rtol=0, atol=1e-6)
 
 
-def test_resume_continues_to_the_total(trained, tmp_path):
-    # `train.steps` is a total: a second run on the same dir goes from 12 to 20.
+def test_resume_continues_to_the_total(tmp_path):
+    # `train.steps` is a total: a second run on the same dir goes from 8 to 20.
     model_dir = tmp_path / "resumed"
-    train(model_dir, "train.steps=8")
-    train(model_dir, "train.steps=20")
+    train(model_dir, {**RESUMED, "train.steps": 8})
+    train(model_dir, {**RESUMED, "train.steps": 20})
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["steps"] == 20
     # Only steps 9..20 ran: 4000 rows make 15 full batches and one of 160 (step 16).
@@ -161,21 +142,41 @@ def test_resume_continues_to_the_total(trained, tmp_path):
 
 
 def test_evaluate_and_export_commands(trained):
-    args = ["--model-dir", str(trained)] + [a for s in SMALL for a in ("--set", s)]
+    args = ["--model-dir", str(trained), *sets(TRAINED)]
     assert main(["evaluate", "configs/deepfm_demo.yaml", *args]) == 0
     assert main(["export", "configs/deepfm_demo.yaml", *args]) == 0
-    assert sorted(os.listdir(trained / "export")) == ["12"]  # the same step: replaced
+    assert sorted(os.listdir(trained / "export")) == ["8"]  # the same step: replaced
 
 
 def test_regression_task_exports_prediction(tmp_path):
     model_dir = tmp_path / "reg"
-    train(model_dir, "task={type: regression, metrics: [mse, mae]}", "train.steps=4")
+    train(model_dir, small({"task": {"type": "regression", "metrics": ["mse", "mae"]}, "train.steps": 4,
+                            "train.epochs": None}, export=True))
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert {"mse", "mae"} <= set(metrics) and "auc" not in metrics
     import tensorflow as tf
 
     serve = tf.saved_model.load(str(model_dir / "export" / "4")).signatures["serving_default"]
     assert list(serve.structured_outputs) == ["prediction"]
+
+
+def test_a_run_without_its_end_export_is_complete_and_exports_on_demand(tmp_path, capsys):
+    model_dir = tmp_path / "m"
+    args = ["train", DEMO, "--model-dir", str(model_dir), "--quiet",
+            *sets(small({"train.steps": 2, "train.epochs": None}))]  # export.at_end: false
+    assert main(args) == 0
+    assert "export: none (export.at_end: false)" in capsys.readouterr().out
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and "export" not in metrics and "auc" in metrics
+    assert not (model_dir / "export").exists()
+    # The run is complete without its export: a rerun trains and writes nothing.
+    before = (model_dir / "metrics.json").read_bytes()
+    assert main(args) == 0
+    assert "already at step 2" in capsys.readouterr().out
+    assert (model_dir / "metrics.json").read_bytes() == before and not (model_dir / "export").exists()
+    # `recflow export` writes it from the checkpoint.
+    assert main(["export", DEMO, "--model-dir", str(model_dir), *args[5:]]) == 0
+    assert os.listdir(model_dir / "export") == ["2"]
 
 
 def test_plan_shows_physical_tables(capsys):

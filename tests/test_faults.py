@@ -11,8 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
-import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,12 +24,15 @@ from recflow.training import checkpoints
 from recflow.training.trainer import Trainer
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+SCRIPTS = Path(__file__).parent / "scripts"
 CONFIG = "configs/deepfm_demo.yaml"
 BATCH = 32
 
 
-def train_argv(model_dir, *sets, steps=30):
+def train_argv(model_dir, *sets, steps=30, export=False):
+    """`recflow train` of the demo; the run ends without its export unless `export`."""
     settings = [
+        f"export.at_end={str(export).lower()}",
         "data.synthetic={rows: 3000, eval_rows: 100, seed: 5, schema: demo}",
         f"data.batch_size={BATCH}",
         "train.epochs=null",
@@ -94,15 +97,15 @@ HOOKS = ("train.checkpoint_every_steps=20", "export.delta_every_steps=5", "expor
 def test_resume_behind_deltas_and_exports_rewrites_them(tmp_path, capsys):
     """Deltas 25 and 30 and export 30 exist, the last checkpoint is 20 (a kill -9)."""
     whole, cut = tmp_path / "whole", tmp_path / "cut"
-    run_ok(capsys, train_argv(whole, *HOOKS))
-    run_ok(capsys, train_argv(cut, *HOOKS))
+    run_ok(capsys, train_argv(whole, *HOOKS, export=True))
+    run_ok(capsys, train_argv(cut, *HOOKS, export=True))
     for path in glob.glob(f"{cut}/checkpoints/ckpt-30.*"):  # back to the state of a kill at 30
         os.remove(path)
     (cut / "checkpoints" / "ckpt-30_temp").mkdir()
     (cut / "deltas" / ".tmp-killed").mkdir()
     first_25 = delta_rows(cut / "deltas" / "25")
 
-    run_ok(capsys, train_argv(cut, *HOOKS))
+    run_ok(capsys, train_argv(cut, *HOOKS, export=True))
     stale = cut / "deltas" / ".stale-20"
     assert sorted(os.listdir(stale), key=int) == ["25", "30"]
     assert delta_rows(stale / "25").keys() == first_25.keys()
@@ -123,8 +126,8 @@ def test_resume_behind_deltas_and_exports_rewrites_them(tmp_path, capsys):
     loaded = tf.saved_model.load(str(cut / "export" / "30"))
     assert int(loaded.global_step.numpy()) == 30
 
-    out, _ = run_ok(capsys, ["export", *train_argv(cut, *HOOKS)[1:2], "--delta",
-                             *train_argv(cut, *HOOKS)[3:]])
+    out, _ = run_ok(capsys, ["export", *train_argv(cut, *HOOKS, export=True)[1:2], "--delta",
+                             *train_argv(cut, *HOOKS, export=True)[3:]])
     assert out.strip() == str(cut / "deltas" / "30")  # recorded in the checkpoint: kept
 
 
@@ -184,13 +187,7 @@ def test_nothing_readable_stops_with_one_line_naming_the_files(tmp_path, capsys)
 def test_second_writer_exits_2_naming_the_holder(tmp_path, capsys):
     model_dir = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import time
-            from recflow.training.lock import writer_lock
-            with writer_lock({str(model_dir)!r}, "train"):
-                print("held", flush=True)
-                time.sleep(600)
-        """)],
+        [sys.executable, str(SCRIPTS / "hold_writer_lock.py"), str(model_dir)],
         env=ENV, stdout=subprocess.PIPE, text=True,
     )
     try:
@@ -233,15 +230,15 @@ def test_full_tmpfs_exits_2_and_keeps_the_last_checkpoint(tmp_path, capsys):
     with small_tmpfs(tmp_path / "disk") as disk:
         model_dir = disk / "run"
         sets = ("train.checkpoint_every_steps=10", "export.every_steps=10", "export.delta_every_steps=5")
-        run_ok(capsys, train_argv(model_dir, *sets, steps=10))
+        run_ok(capsys, train_argv(model_dir, *sets, steps=10, export=True))
         fill(disk, leave=200_000)
-        line = run_error(capsys, train_argv(model_dir, *sets, steps=60), "no space left on device")
+        line = run_error(capsys, train_argv(model_dir, *sets, steps=60, export=True), "no space left on device")
         assert line.startswith(f"recflow: {model_dir}/") and ".tmp-" not in line and "_temp" not in line
         assert not temps(model_dir)
         good = checkpoints.readable_checkpoint(str(model_dir / "checkpoints"))
         assert good is not None and checkpoints.verify_checkpoint(good) is None
         os.remove(disk / "filler")
-        run_ok(capsys, train_argv(model_dir, *sets, steps=20))
+        run_ok(capsys, train_argv(model_dir, *sets, steps=20, export=True))
 
 
 def test_injected_enospc_exits_2_naming_the_path(tmp_path, capsys, monkeypatch):
@@ -293,7 +290,7 @@ def test_predict_reads_a_csv_with_a_byte_order_mark(tmp_path, capsys):
     train_file, eval_file = write_synthetic(str(tmp_path / "data"), 200)
     model_dir = tmp_path / "run"
     run_ok(capsys, train_argv(model_dir, "data.format=csv", f"data.train={train_file}",
-                              f"data.eval={eval_file}", steps=3))
+                              f"data.eval={eval_file}", steps=3, export=True))
     lines = open(eval_file, encoding="utf-8").read().splitlines()
     header = lines[0].split(",")
     first = header.index("user_id")  # a model input first: the BOM sticks to its name

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import items, sets, small
 
 from recflow.cli import main
 from recflow.config import load_config
@@ -13,14 +14,17 @@ from recflow.data import generate, make_dataset, records
 from recflow.training.timing import PHASES
 from recflow.training.trainer import Trainer
 
-SMALL = [
-    "data.synthetic={rows: 3000, eval_rows: 700, seed: 3, schema: demo}",
-    "data.batch_size=256",
-    "train.epochs=null",
-    "train.steps=6",
-    "train.checkpoint_every_steps=null",
-    "model.params={dnn: {hidden_units: [16]}}",
-]
+# 6 steps of 256 over 3000 rows (two passes in the timing test: a steady second one),
+# 700 eval rows (one inference batch); the tests call `Trainer.export` themselves.
+SETTINGS = small({
+    "data.synthetic": {"rows": 3000, "eval_rows": 700, "seed": 3, "schema": "demo"},
+    "data.batch_size": 256,
+    "train.epochs": None,
+    "train.steps": 6,
+    "train.checkpoint_every_steps": None,
+    "model.params": {"dnn": {"hidden_units": [16]}},
+})
+SMALL = items(SETTINGS)
 
 
 def small_config(tmp_path, *extra):
@@ -99,9 +103,7 @@ def test_exporter_reuses_its_module_and_serves_new_weights(tmp_path):
 def test_metrics_json_has_phase_timing(tmp_path):
     model_dir = tmp_path / "run"
     args = ["train", "configs/deepfm_demo.yaml", "--model-dir", str(model_dir), "--quiet"]
-    for item in SMALL[:2] + ["train.epochs=2", "train.checkpoint_every_steps=null",
-                             "model.params={dnn: {hidden_units: [16]}}"]:  # fmt: skip
-        args += ["--set", item]
+    args += sets({**SETTINGS, "train.epochs": 2, "train.steps": None, "export.at_end": True})
     assert main(args) == 0
     metrics = json.loads((model_dir / "metrics.json").read_text())
     timing = metrics["timing"]

@@ -39,13 +39,7 @@ def test_second_writer_is_refused_with_the_holders_pid(tmp_path):
 
 def test_lock_of_a_killed_holder_is_free(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            import sys, time
-            from recflow.training.lock import writer_lock
-            with writer_lock({str(tmp_path)!r}, "train"):
-                print("held", flush=True)
-                time.sleep(600)
-        """)],
+        [sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "hold_writer_lock.py"), str(tmp_path)],
         env=ENV, stdout=subprocess.PIPE, text=True,
     )
     assert holder.stdout.readline().strip() == "held"

@@ -4,37 +4,27 @@ version is never rewritten; exports are readable by other users."""
 
 import json
 import os
+import shutil
 import stat
 
 import pytest
 import yaml
+from conftest import DEMO as CONFIG
+from conftest import TRAINED as SMALL
+from conftest import sets
 
 import recflow
 from recflow.cli import main
 
-CONFIG = "configs/deepfm_demo.yaml"
-SMALL = {
-    "data.synthetic": {"rows": 1024, "eval_rows": 256, "seed": 3, "schema": "demo"},
-    "data.batch_size": 128,
-    "model.params": {"dnn": {"hidden_units": [8]}},
-    "train.epochs": 1,
-    "train.checkpoint_every_steps": 4,
-    "tables.item.admission": {"min_count": 2},
-    "tables.user.eviction": {"ttl_steps": 3},
-}
 
-
-def _sets(overrides: dict) -> list[str]:
-    return [a for k, v in overrides.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A model dir trained once for the whole module (8 steps, 2 checkpoints and the export)."""
-    model_dir = tmp_path_factory.mktemp("identity") / "model"
-    metrics = recflow.train(CONFIG, model_dir=str(model_dir), overrides=SMALL)
-    assert metrics["steps"] == 8
-    return model_dir, metrics
+@pytest.fixture
+def trained(trained_demo, tmp_path):
+    """A copy of the session's trained demo (8 steps, 2 checkpoints and the export):
+    the tests below run commands against it."""
+    model_dir, metrics = trained_demo
+    copy = tmp_path / "model"
+    shutil.copytree(model_dir, copy)
+    return copy, metrics
 
 
 def _snapshot(model_dir) -> dict:
@@ -93,7 +83,7 @@ def test_a_changed_structure_is_refused_and_nothing_is_written(
     model_dir, _ = trained
     before = _snapshot(model_dir)
     capsys.readouterr()
-    code = main([command, CONFIG, "--model-dir", str(model_dir), *_sets({**SMALL, **override})])
+    code = main([command, CONFIG, "--model-dir", str(model_dir), *sets({**SMALL, **override})])
     err = capsys.readouterr().err
     assert code == 2
     lines = err.strip().splitlines()
@@ -112,9 +102,9 @@ def test_an_added_or_removed_feature_is_refused_naming_it(trained, capsys, chang
     else:
         raw["features"] = [f for f in raw["features"] if f["name"] != "price"]
         expected = 'features.price: {"kind": "numeric", "normalizer": "log1p"} in'
-    path = model_dir.parent / f"{change}.yaml"
+    path = model_dir.parent / f"{change}.yaml"  # beside the copy, in tmp_path
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
-    code = main(["evaluate", str(path), "--model-dir", str(model_dir), *_sets(SMALL)])
+    code = main(["evaluate", str(path), "--model-dir", str(model_dir), *sets(SMALL)])
     err = capsys.readouterr().err
     assert code == 2
     assert expected in err and "--warm-start" in err, err
@@ -125,7 +115,7 @@ def test_an_export_version_is_never_rewritten(trained, capsys):
     export = model_dir / "export" / str(metrics["steps"])
     before = _snapshot(export)
     stamp = os.stat(export / "saved_model.pb").st_mtime_ns
-    assert main(["export", CONFIG, "--model-dir", str(model_dir), *_sets(SMALL)]) == 0
+    assert main(["export", CONFIG, "--model-dir", str(model_dir), *sets(SMALL)]) == 0
     assert capsys.readouterr().out.strip() == str(export)
     assert _snapshot(export) == before
     assert os.stat(export / "saved_model.pb").st_mtime_ns == stamp
@@ -161,13 +151,13 @@ def test_a_checkpoint_of_another_shard_count_resumes_and_records_the_new_count(t
     Trainer(config, verbose=0, placement=ModPlacement(2)).fit()
     before = _snapshot(model_dir)
     code = main(["train", CONFIG, "--model-dir", str(model_dir),
-                 *_sets({**SMALL, "train.steps": 4, "tables.user.dim": 16})])
+                 *sets({**SMALL, "train.steps": 4, "tables.user.dim": 16})])
     err = capsys.readouterr().err
     assert code == 2
     assert "tables.user.dim: 8 in" in err and "parameter_servers" not in err, err
     assert _snapshot(model_dir) == before
 
-    assert main(["train", CONFIG, "--model-dir", str(model_dir), *_sets({**SMALL, "train.steps": 4})]) == 0
+    assert main(["train", CONFIG, "--model-dir", str(model_dir), *sets({**SMALL, "train.steps": 4})]) == 0
     saved = json.loads((model_dir / "export" / "4" / "assets.extra" / "structure.json").read_text())
     assert saved["parameter_servers"] == 1
 
@@ -185,7 +175,7 @@ def test_a_model_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkey
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", refuse_lock)
-    code = main(["evaluate", CONFIG, "--model-dir", str(model_dir), *_sets(SMALL)])
+    code = main(["evaluate", CONFIG, "--model-dir", str(model_dir), *sets(SMALL)])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{model_dir}: not writable" in err

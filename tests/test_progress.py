@@ -7,16 +7,18 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import sets, small
 
 from recflow.cli import main
 from recflow.training import progress
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = str(ROOT / "configs" / "deepfm_demo.yaml")
-SMALL = [  # 20 steps per epoch
-    "--set", "data.synthetic.rows=2560", "--set", "data.synthetic.eval_rows=256",
-    "--set", "data.batch_size=128", "--set", "train.checkpoint_every_steps=1000",
-]
+# 20 steps per epoch (2560 rows of 128), no checkpoint but the final one.
+SMALL = sets(small({
+    "data.synthetic": {"rows": 2560, "eval_rows": 256, "seed": 3, "schema": "demo"},
+    "train.checkpoint_every_steps": 1000,
+}))
 
 
 def shown(output: str) -> list[str]:

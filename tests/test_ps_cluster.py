@@ -9,23 +9,23 @@ import sys
 import time
 
 import numpy as np
+from conftest import items, small
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-STEPS = 240
-SETTINGS = [
+STEPS, EVERY, TTL = 240, 40, 60
+SETTINGS = items(small({
     # 240 steps stay inside the first pass (each row is read once per epoch), where
     # about half the users are seen once: they wait for admission.
-    "data.synthetic={rows: 20000, eval_rows: 500, seed: 11, schema: demo}",
-    "data.batch_size=64",
-    "train.epochs=null",
-    f"train.steps={STEPS}",
-    "train.checkpoint_every_steps=40",
-    "model.params={dnn: {hidden_units: [8]}}",
+    "data.synthetic": {"rows": 20000, "eval_rows": 500, "seed": 11, "schema": "demo"},
+    "data.batch_size": 64,
+    "train.epochs": None,
+    "train.steps": STEPS,
+    "train.checkpoint_every_steps": EVERY,
     # Admission and eviction: every checkpoint rebuilds each shard on its PS.
-    "tables.item.admission={min_count: 2}",
-    "tables.user.admission={min_count: 2}",
-    "tables.user.eviction={ttl_steps: 60}",
-]
+    "tables.item.admission": {"min_count": 2},
+    "tables.user.admission": {"min_count": 2},
+    "tables.user.eviction": {"ttl_steps": TTL},
+}, export=True))  # the export must serve
 
 
 def pid_of(model_dir, job, index):
@@ -50,10 +50,10 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
     launcher = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     checkpoints = model_dir / "checkpoints"
 
-    wait_for(checkpoints / "ckpt-40.index", launcher)
+    wait_for(checkpoints / f"ckpt-{EVERY}.index", launcher)
     os.kill(pid_of(model_dir, "worker", 1), signal.SIGKILL)  # its steps move to worker 0
 
-    wait_for(checkpoints / "ckpt-120.index", launcher)
+    wait_for(checkpoints / f"ckpt-{3 * EVERY}.index", launcher)
     before = {(t["job"], t["index"]): t["pid"] for t in json.loads((model_dir / "cluster.json").read_text())["tasks"]}
     os.kill(pid_of(model_dir, "ps", 1), signal.SIGKILL)  # shard 1 of every table is lost
 
@@ -93,22 +93,13 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
     rows = restore_engine(str(model_dir)).logical_rows()
     for name, logical in rows.items():
         assert np.unique(logical.ids).size == logical.ids.size, f"{name}: an id held twice"
-    # ttl 60 at the final checkpoint (step 240): no user row was last seen at step 180 or before.
-    assert rows["user"].last_step.min() > STEPS - 60
+    # ttl at the final checkpoint (step STEPS): no user row was last seen TTL steps before it.
+    assert rows["user"].last_step.min() > STEPS - TTL
     assert rows["item"].count.min() >= 2 and rows["user"].count.min() >= 2  # admitted keys only
 
     # The export serves in plain TensorFlow.
     export = model_dir / "export" / str(STEPS)
-    script = (
-        "import sys; sys.modules['recflow'] = None\n"
-        "import tensorflow as tf, numpy as np\n"
-        f"f = tf.saved_model.load({str(export)!r}).signatures['serving_default']\n"
-        "s = f.structured_input_signature[1]\n"
-        "feed = {k: tf.zeros([3], v.dtype) if v.dtype != tf.string else tf.constant(['a', 'b', 'c']) for k, v in s.items()}\n"
-        "p = f(**feed)['probability'].numpy()\n"
-        "assert p.shape == (3, 1) and np.all((p > 0) & (p < 1)), p\n"
-        "print('served')\n"
-    )
-    served = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True)
+    script = os.path.join(os.path.dirname(__file__), "scripts", "serve_zeros_without_recflow.py")
+    served = subprocess.run([sys.executable, script, str(export)], env=ENV, capture_output=True, text=True)
     assert "served" in served.stdout, served.stderr[-2000:]
     assert np.isfinite(metrics["auc"])

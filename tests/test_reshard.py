@@ -21,6 +21,8 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import DEMO as CONFIG
+from conftest import sets, small
 
 import recflow.api
 from recflow.cli import main
@@ -31,14 +33,14 @@ from recflow.features.keys import decode
 from recflow.training.tables import restore_engine
 from recflow.training.trainer import Trainer
 
-CONFIG = "configs/deepfm_demo.yaml"
-SMALL = {
+# Runs of a few steps of 64 inside one pass over 20000 rows; no export at the end (the
+# checks read checkpoints).
+SMALL = small({
     "data.synthetic": {"rows": 20000, "eval_rows": 256, "seed": 5, "schema": "demo"},
     "data.batch_size": 64,
     "train.epochs": None,
-    "model.params": {"dnn": {"hidden_units": [8]}},
     "tables.item.admission": {"min_count": 2},  # waiting keys: admission counters to move
-}
+})
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 
 
@@ -187,25 +189,18 @@ def _assert_kept(model_dir: str, before: int, after: int) -> None:
 
 # ---------------------------------------------------------------------- a real cluster
 
-CLUSTER = [
-    "data.synthetic={rows: 20000, eval_rows: 256, seed: 5, schema: demo}",
-    "data.batch_size=64",
-    "train.epochs=null",
-    "train.checkpoint_every_steps=4",
-    "model.params={dnn: {hidden_units: [8]}}",
-    "tables.item.admission={min_count: 2}",
-]
+CLUSTER = {**SMALL, "train.checkpoint_every_steps": 4}
 
 
 def _train(model_dir, steps: int, ps: int) -> None:
     """`recflow launch` with `ps` PS tasks and one worker, or `recflow train` when ps is 0."""
-    sets = [a for s in CLUSTER + [f"train.steps={steps}"] for a in ("--set", s)]
+    settings = sets({**CLUSTER, "train.steps": steps})
     if ps:
         command = ["launch", CONFIG, "--ps", str(ps), "--workers", "1"]
     else:
         command = ["train", CONFIG]
     done = subprocess.run(
-        [sys.executable, "-m", "recflow.cli", *command, "--model-dir", str(model_dir), *sets],
+        [sys.executable, "-m", "recflow.cli", *command, "--model-dir", str(model_dir), *settings],
         env=ENV,
         capture_output=True,
         text=True,

@@ -5,7 +5,7 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -128,42 +128,7 @@ def test_evicted_ids_survive_a_restart_before_the_next_delta(trained, tmp_path):
 
 
 # Applies deltas with plain TensorFlow and numpy, as any serving runtime would.
-APPLY_WITHOUT_RECFLOW = textwrap.dedent(
-    """
-    import json, os, sys
-    sys.modules["recflow"] = None  # any `import recflow` now fails
-    import numpy as np, tensorflow as tf
-    model_dir, start, inputs, out = sys.argv[1:]
-    rows = dict(np.load(inputs, allow_pickle=True))
-
-    def predict(model):
-        serve = model.signatures["serving_default"]
-        specs = serve.structured_input_signature[1]
-        feed = {k: tf.constant(rows[k].tolist() if specs[k].dtype == tf.string else rows[k],
-                               specs[k].dtype) for k in specs}
-        return serve(**feed)["probability"].numpy().reshape(-1)
-
-    model = tf.saved_model.load(os.path.join(model_dir, "export", start))
-    before = predict(model)
-    deltas = sorted(int(d) for d in os.listdir(os.path.join(model_dir, "deltas")))
-    spec = model.apply_delta.structured_input_signature[0][0]
-    for step in [d for d in deltas if d > int(start)]:
-        folder = os.path.join(model_dir, "deltas", str(step))
-        manifest = json.load(open(os.path.join(folder, "manifest.json")))
-        feed = {"step": tf.constant(step, tf.int64),
-                "dense": tf.constant(np.load(os.path.join(folder, "dense.npy")))}
-        for table in manifest["tables"]:
-            data = np.load(os.path.join(folder, table + ".npz"))
-            feed[table + "/ids"] = tf.constant(data["keys"])
-            feed[table + "/values"] = tf.constant(data["values"])
-            feed[table + "/evicted"] = tf.constant(data["evicted"])
-        assert sorted(feed) == sorted(spec)
-        assert int(model.apply_delta(feed)["step"]) == step
-    full = tf.saved_model.load(os.path.join(model_dir, "export", str(deltas[-1])))
-    np.savez(out, before=before, applied=predict(model), full=predict(full),
-             step=int(model.global_step))
-    """
-)
+APPLY_WITHOUT_RECFLOW = Path(__file__).parent / "scripts" / "apply_deltas_without_recflow.py"
 
 
 def held_out_rows(rows):
@@ -184,9 +149,7 @@ def test_deltas_applied_to_an_export_match_the_full_export(trained, tmp_path, st
     _, rows, model_dir = trained
     held = held_out_rows(rows)
     np.savez(tmp_path / "rows.npz", **held)
-    script = tmp_path / "apply.py"
-    script.write_text(APPLY_WITHOUT_RECFLOW)
-    subprocess.run([sys.executable, str(script), str(model_dir), str(start),
+    subprocess.run([sys.executable, str(APPLY_WITHOUT_RECFLOW), str(model_dir), str(start),
                     str(tmp_path / "rows.npz"), str(tmp_path / "out.npz")], check=True)
     out = np.load(tmp_path / "out.npz")
     assert int(out["step"]) == STEPS

@@ -11,20 +11,22 @@ import time
 import numpy as np
 import pytest
 import tf_keras as keras
+from conftest import DEMO as CONFIG
+from conftest import small
 
 import recflow
 
-CONFIG = "configs/deepfm_demo.yaml"
-SMALL = {
+# 24 steps (1536 rows of 64), checkpoints every 5 with admission and eviction: a signal
+# lands on or off the checkpoint schedule, and a checkpoint off it must not evict.
+# No export at the end: the resumed run is compared by its checkpoint and metrics.
+SMALL = small({
     "data.synthetic": {"rows": 1536, "eval_rows": 128, "seed": 11, "schema": "demo"},
-    "data.batch_size": 64,  # 24 steps
-    "model.params": {"dnn": {"hidden_units": [8]}},
-    "train.epochs": 1,
+    "data.batch_size": 64,
     "train.checkpoint_every_steps": 5,
     "tables.item.admission": {"min_count": 2},
     "tables.item.eviction": {"ttl_steps": 4},
     "tables.user.eviction": {"ttl_steps": 3},
-}
+})
 
 
 class SignalAt(keras.callbacks.Callback):

@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONFIG = str(ROOT / "configs" / "mmoe.yaml")
 EVERY_CHECKPOINT = 6
 EVERY_LOG = 4
-SETTINGS = [
+SETTINGS = [  # the multi-task mmoe config at test size (conftest's SMALL is the demo's)
     "data.synthetic.rows=2560", "data.synthetic.eval_rows=512", "data.batch_size=128",
     "train.epochs=1",  # 20 steps
     f"train.checkpoint_every_steps={EVERY_CHECKPOINT}", f"train.log_every_steps={EVERY_LOG}",
@@ -36,6 +36,7 @@ SETTINGS = [
     # ttl = the checkpoint interval: a row evicted at a checkpoint was in the previous one,
     # so the kept checkpoints' key sets tell evictions and admissions apart exactly.
     f"tables.user.eviction={{ttl_steps: {EVERY_CHECKPOINT}}}",
+    "export.at_end=false",  # the checks read event files, metrics and checkpoints
 ]
 
 

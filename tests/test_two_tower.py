@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +176,7 @@ def test_task_and_model_must_agree():
 
 # ----------------------------------------------------------------------------- train, evaluate, serve
 
+# Not conftest's SMALL: the two-tower config, trained long enough to beat random retrieval.
 SMALL = [
     "data.synthetic={rows: 30000, eval_rows: 3000, seed: 3, schema: demo}",
     "data.batch_size=512",
@@ -218,37 +218,17 @@ def raw_rows(n: int = 40) -> dict:
     return raw
 
 
-SERVE_WITHOUT_RECFLOW = textwrap.dedent(
-    """
-    import sys
-    sys.modules["recflow"] = None  # any `import recflow` now fails
-    import numpy as np, tensorflow as tf
-    export_dir, inputs, out = sys.argv[1:]
-    data = np.load(inputs, allow_pickle=True)
-    loaded = tf.saved_model.load(export_dir)
-    result = {}
-    for name in ("query", "candidate", "serving_default"):
-        serve = loaded.signatures[name]
-        specs = serve.structured_input_signature[1]
-        feed = {k: tf.constant(data[k].tolist() if specs[k].dtype == tf.string else data[k],
-                               specs[k].dtype) for k in specs}
-        result[name] = serve(**feed)["embedding"].numpy()
-        result[name + "_inputs"] = np.array(sorted(specs))
-    np.savez(out, **result)
-    """
-)
+SERVE_WITHOUT_RECFLOW = Path(__file__).parent / "scripts" / "serve_two_towers_without_recflow.py"
 
 
 def test_export_serves_both_towers_without_recflow(trained, tmp_path):
     raw = raw_rows()
     np.savez(tmp_path / "inputs.npz", **raw)
-    script = tmp_path / "serve.py"
-    script.write_text(SERVE_WITHOUT_RECFLOW)
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     out = tmp_path / "out.npz"
     export_dir = trained / "export" / "60"
     subprocess.run(
-        [sys.executable, str(script), str(export_dir), str(tmp_path / "inputs.npz"), str(out)],
+        [sys.executable, str(SERVE_WITHOUT_RECFLOW), str(export_dir), str(tmp_path / "inputs.npz"), str(out)],
         check=True, env=env, cwd=tmp_path,
     )  # fmt: skip
     served = np.load(out)

@@ -6,17 +6,14 @@ import json
 import numpy as np
 import pytest
 import yaml
+from conftest import DEMO as CONFIG
+from conftest import sets, small
 
 import recflow
 from recflow.cli import main
 
-CONFIG = "configs/deepfm_demo.yaml"
-SMALL = {
-    "data.synthetic": {"rows": 1024, "eval_rows": 256, "seed": 5, "schema": "demo"},
-    "data.batch_size": 128,
-    "model.params": {"dnn": {"hidden_units": [8, 4]}},
-    "train.epochs": 1,
-}
+# Two hidden layers: a wider input changes the first layer's shape, not the second's.
+SMALL = small({"model.params": {"dnn": {"hidden_units": [8, 4]}}})
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +90,7 @@ def test_cli_warm_start_trains_a_new_model_dir_and_a_rerun_resumes_it(source, tm
     target = tmp_path / "target"
     args = ["train", _changed_config(tmp_path), "--quiet", "--model-dir", str(target),
             "--warm-start", str(source)]
-    args += [a for k, v in SMALL.items() for a in ("--set", f"{k}={json.dumps(v)}")]
+    args += sets(SMALL)
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "warm start from " in out and "item (" in out and "fresh tables: region, region.linear, user" in out

@@ -22,6 +22,7 @@ from recflow.training.trainer import Trainer
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
 ZOO = ("deepfm", "din", "wide_deep", "dcn", "mmoe")
+# Not conftest's SMALL: each zoo config at a size where its model learns (AUC > 0.6).
 SMALL = [
     "data.synthetic.rows=20000",
     "data.synthetic.eval_rows=3000",

@@ -913,7 +913,8 @@ class ExportConfig:
     """Exports and deltas written during training (`export`).
 
     Attributes:
-        every_steps: also export a SavedModel version every N steps (online learning); the run's end always exports.
+        every_steps: also export a SavedModel version every N steps (online learning).
+        at_end: export a SavedModel version when the run ends; `false` for a run whose export nobody reads (`recflow export` writes it later from the checkpoint).
         delta_every_steps: write `deltas/<step>/` with the rows updated since the previous delta every N steps.
         every_seconds: also export a version when this many seconds have passed since the last one (streams).
         delta_every_seconds: also write a delta when this many seconds have passed since the last one (streams).
@@ -921,6 +922,7 @@ class ExportConfig:
     """
 
     every_steps: int | None = None
+    at_end: bool = True
     delta_every_steps: int | None = None
     every_seconds: float | None = None
     delta_every_seconds: float | None = None

@@ -353,10 +353,10 @@ class ModelDir:
         write_json(self.metrics_path, {**self.metrics(), **result} if merge else result)
 
     def ended(self, step: int) -> bool:
-        """Whether the model dir has the metrics and the export of a run that ended at `step`."""
-        return self.metrics().get("steps") == step and os.path.isdir(
-            os.path.join(self.export_dir, str(step))
-        )
+        """Whether the model dir has the metrics (and the export, unless `export.at_end`
+        is off) of a run that ended at `step`."""
+        exported = not self.config.export.at_end or os.path.isdir(os.path.join(self.export_dir, str(step)))
+        return self.metrics().get("steps") == step and exported
 
 
 def _keys(engine: EmbeddingEngine) -> dict[str, int]:

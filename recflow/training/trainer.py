@@ -191,9 +191,9 @@ class Trainer:
         """The step runner of `fit`: `make_runner`'s, else a `LocalRunner`."""
         if self._make_runner is None:
             files = self.train_files()
-            cache = input_cache.for_run(self.config, files, os.path.join(self.model_dir, "cache"))
-            resumed = saved_value(self.checkpoint_dir, input_cache.VARIABLE)
-            if resumed is None and saved_value(self.checkpoint_dir, "epoch") is not None:
+            cache = input_cache.for_run(self.config, files, os.path.join(self.model_dir.path, "cache"))
+            resumed = self.model_dir.saved_value(input_cache.VARIABLE)
+            if resumed is None and self.model_dir.saved_value("epoch") is not None:
                 resumed = input_cache.FROM_FILES.encode()  # written before the cache existed
             resumed = None if resumed is None else resumed.decode()
             return LocalRunner(self.config, self.model, self.epoch_dataset, files, cache, resumed)
@@ -441,7 +441,8 @@ class Trainer:
         if self.config.data.format == "synthetic" and self.config.task.type != "retrieval":
             oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
             result["oracle_auc"] = round(float(oracle), 6)
-        result["export"] = self.model_dir.export()
+        if self.config.export.at_end:
+            result["export"] = self.model_dir.export()
         passes = (self.config.train.total_epochs or 0) if train is None else 0
         result["timing"] = self.timing.as_dict(summary.get("examples", 0), passes)
         self.model_dir.write_metrics(result)

@@ -1,0 +1,3 @@
+"""The sibling module `sibling_tower.py` imports."""
+
+UNITS = 3
