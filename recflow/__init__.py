@@ -7,8 +7,6 @@ loads on first use of the API:
     recflow.train(config_or_path, model_dir=None, callbacks=None, overrides=None) -> metrics
     recflow.evaluate(config_or_path, model_dir=None, overrides=None) -> metrics
     recflow.export(config_or_path, model_dir=None, overrides=None, delta=False) -> path
-
-(`recflow.export` is also the export subpackage; calling it exports.)
 """
 
 import os
@@ -44,6 +42,7 @@ _LAZY = {
     "Config": "recflow.config",
     "train": "recflow.api",
     "evaluate": "recflow.api",
+    "export": "recflow.api",
 }
 
 
@@ -51,8 +50,6 @@ def __getattr__(name):
     # Public API without importing TensorFlow at `import recflow`.
     import importlib
 
-    if name == "export":  # the subpackage, callable: `recflow.export(config, ...)`
-        return importlib.import_module("recflow.export")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'recflow' has no attribute {name!r}")

@@ -206,8 +206,6 @@ def export(config_or_path, model_dir: str | None = None, overrides=None, delta: 
     """Writes `export/<step>/` (or `deltas/<step>/` with `delta`) from the latest checkpoint;
     returns its path.
 
-    Also reachable as `recflow.export(...)`: the `recflow.export` subpackage is callable.
-
     Raises:
         RecflowError: the model dir has no checkpoint.
     """

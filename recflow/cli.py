@@ -269,7 +269,7 @@ def cmd_export(args) -> int:
 
 def cmd_predict(args) -> int:
     import_tensorflow()
-    from recflow.export.predict import predict_file
+    from recflow.exporter.predict import predict_file
 
     for line in predict_file(args.export_dir, args.data_file, args.batch_size):
         print(line)

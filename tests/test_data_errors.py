@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from recflow.cli import main
-from recflow.export.predict import predict_file
+from recflow.exporter.predict import predict_file
 
 HEADER = "user,tags,price,click"
 ROWS = [f"{i},t{i % 3}|t{i % 5},{i * 0.5},{i % 2}" for i in range(8)]

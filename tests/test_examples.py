@@ -18,7 +18,7 @@ import yaml
 
 from recflow.cli import main
 from recflow.config import load_config
-from recflow.export.predict import predict_file
+from recflow.exporter.predict import predict_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED = ROOT.parent / "shared" / "data"

@@ -79,7 +79,7 @@ def test_a_user_callback_stops_training_with_a_final_checkpoint(tmp_path, tf_ker
 
 
 def test_api_train_evaluate_export(tmp_path):
-    import recflow.export.saved_model  # noqa: F401  (binds the subpackage as `recflow.export`)
+    import recflow.exporter.saved_model  # noqa: F401  (a loaded subpackage must not shadow `recflow.export`)
 
     model_dir = tmp_path / "m"
     metrics = recflow.train(CONFIG, model_dir=str(model_dir), overrides=["train.steps=4", "train.epochs=null",

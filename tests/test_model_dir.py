@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from recflow.config.loader import NodeLimitError, load_config, safe_load
 from recflow.errors import RecflowError
-from recflow.export.saved_model import portable_config
+from recflow.exporter.saved_model import portable_config
 from recflow.training import checkpoints, lock
 from recflow.training.deltas import set_aside_stale_deltas
 

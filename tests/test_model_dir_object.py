@@ -13,7 +13,7 @@ import tf_keras as keras
 from recflow.api import load
 from recflow.embedding import lifecycle
 from recflow.errors import RecflowError
-from recflow.export.saved_model import Exporter
+from recflow.exporter.saved_model import Exporter
 from recflow.training import lock
 from recflow.training.trainer import Trainer
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 import yaml
 
 from recflow.cli import main
-from recflow.export.predict import predict_file
+from recflow.exporter.predict import predict_file
 
 
 def test_predict_uses_the_training_csv_settings(tmp_path, capsys):

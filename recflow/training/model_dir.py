@@ -41,7 +41,7 @@ from recflow.config.schema import Config
 from recflow.embedding import lifecycle, reshard
 from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
 from recflow.errors import RecflowError
-from recflow.export.saved_model import Exporter, dense_weights, existing_versions, saved_structure
+from recflow.exporter.saved_model import Exporter, dense_weights, existing_versions, saved_structure
 from recflow.models import identity
 from recflow.models.base import RankingModel
 from recflow.training import checkpoints
@@ -304,7 +304,7 @@ class ModelDir:
         return final
 
     def export(self) -> str:
-        """Writes `export/<global step>/` (a SavedModel, see `recflow.export.saved_model`)
+        """Writes `export/<global step>/` (a SavedModel, see `recflow.exporter.saved_model`)
         and keeps the newest `export.keep` versions; returns its path.
 
         A version is never rewritten: an existing export of the same step and model
