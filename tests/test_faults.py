@@ -263,15 +263,16 @@ def test_train_file_removed_mid_run_exits_2_naming_it(tmp_path, capsys, monkeypa
     train_file, eval_file = write_synthetic(str(tmp_path / "data"), 200)
     original = Trainer.epoch_dataset
 
-    def epoch_dataset(self, epoch):
-        ds = original(self, epoch)  # lists the file ...
+    def epoch_dataset(self, epoch, cache=None):
+        ds = original(self, epoch, cache)  # lists the file ...
         if epoch == 1:
             os.remove(train_file)  # ... which is gone before it is opened
         return ds
 
     monkeypatch.setattr(Trainer, "epoch_dataset", epoch_dataset)
     argv = train_argv(tmp_path / "run", "data.format=csv", f"data.train={train_file}",
-                      f"data.eval={eval_file}", "train.epochs=2", "train.steps=null")
+                      f"data.eval={eval_file}", "train.epochs=2", "train.steps=null",
+                      "data.cache=off")  # with the input cache, epoch 2 would not reopen the file
     run_error(capsys, argv, train_file, "no such file")
 
 
