@@ -168,6 +168,11 @@ def discard_failed_save(checkpoint_dir: str, step: int) -> None:
                 os.remove(path)
 
 
+def variable_key(name: str) -> str:
+    """The checkpoint key of a top-level variable `name` (tf.train.Checkpoint's layout)."""
+    return f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
 def saved_value(checkpoint_dir: str, name: str):
     """A top-level variable of the newest readable checkpoint (None: no checkpoint, or
     none records `name`), read without building a model."""
@@ -177,5 +182,5 @@ def saved_value(checkpoint_dir: str, name: str):
     if latest is None:
         return None
     reader = tf.train.load_checkpoint(latest)
-    key = f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+    key = variable_key(name)
     return reader.get_tensor(key) if key in reader.get_variable_to_shape_map() else None

@@ -114,6 +114,11 @@ class ModelDir:
         return os.path.join(self.path, "logs")
 
     @property
+    def cache_dir(self) -> str:
+        """The input cache's default home (`recflow.data.cache`; `data.cache_dir` overrides it)."""
+        return os.path.join(self.path, "cache")
+
+    @property
     def metrics_path(self) -> str:
         return os.path.join(self.path, "metrics.json")
 
@@ -183,7 +188,7 @@ class ModelDir:
         """Refuses (one line, nothing written) a checkpoint whose variables mean something
         else under this config: see `recflow.models.identity`."""
         reader = tf.train.load_checkpoint(checkpoint)
-        name = f"{identity.VARIABLE}/.ATTRIBUTES/VARIABLE_VALUE"
+        name = checkpoints.variable_key(identity.VARIABLE)
         if not reader.has_tensor(name):
             raise RecflowError(
                 f"{self.path}: its checkpoint {os.path.basename(checkpoint)} records no model "

@@ -191,7 +191,7 @@ class Trainer:
         """The step runner of `fit`: `make_runner`'s, else a `LocalRunner`."""
         if self._make_runner is None:
             files = self.train_files()
-            cache = input_cache.for_run(self.config, files, os.path.join(self.model_dir.path, "cache"))
+            cache = input_cache.for_run(self.config, files, self.model_dir.cache_dir)
             resumed = self.model_dir.saved_value(input_cache.VARIABLE)
             if resumed is None and self.model_dir.saved_value("epoch") is not None:
                 resumed = input_cache.FROM_FILES.encode()  # written before the cache existed

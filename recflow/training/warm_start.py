@@ -34,7 +34,7 @@ from recflow.config.loader import load_config
 from recflow.embedding.placement import ModPlacement
 from recflow.errors import RecflowError
 from recflow.models import build_model, identity
-from recflow.training.checkpoints import readable_checkpoint
+from recflow.training.checkpoints import readable_checkpoint, variable_key
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def _source_model(source: str):
         raise RecflowError(f"--warm-start {source}: no checkpoint to start from")
     config = load_config(config_path)
     reader = tf.train.load_checkpoint(latest)
-    name = f"{identity.VARIABLE}/.ATTRIBUTES/VARIABLE_VALUE"
+    name = variable_key(identity.VARIABLE)
     if not reader.has_tensor(name):
         raise RecflowError(f"--warm-start {latest}: written by an older recflow (no recorded structure)")
     saved = json.loads(reader.get_tensor(name).decode())
