@@ -20,6 +20,7 @@ import traceback
 from typing import NoReturn
 
 from recflow.errors import RecflowError, one_line
+from recflow.layout import Layout
 
 
 class _Parser(argparse.ArgumentParser):
@@ -246,7 +247,7 @@ def cmd_launch(args) -> int:
     code = cluster.run()
     if code != 0:
         raise RecflowError(f"launch: the chief exited with {code}; see {config.train.model_dir}/logs/chief-0.log")
-    with open(os.path.join(config.train.model_dir, "metrics.json"), encoding="utf-8") as f:
+    with open(Layout(config.train.model_dir).metrics_path, encoding="utf-8") as f:
         print(_format_metrics(json.load(f)))
     return 0
 
@@ -336,7 +337,7 @@ def _check_newest_checkpoint(model_dir: str) -> None:
 
     from recflow.training import checkpoints as checkpoint_lib
 
-    checkpoints = os.path.join(model_dir, "checkpoints")
+    checkpoints = Layout(model_dir).checkpoint_dir
     newest = tf.train.latest_checkpoint(checkpoints)
     if newest is None and checkpoint_lib.checkpoint_steps(checkpoints):
         raise RecflowError(

@@ -31,6 +31,7 @@ from recflow.config.schema import (
     StandardNormalizer,
 )
 from recflow.errors import DataError
+from recflow.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ def sample_numbers(config: Config, names: list[str]) -> dict[str, np.ndarray]:
 
 def _saved_normalizers(model_dir: str | None) -> dict[str, StandardNormalizer]:
     """The fitted normalizers of a previous run in `model_dir` (by feature name)."""
-    path = os.path.join(model_dir, "config.yaml") if model_dir else None
+    path = Layout(model_dir).config_path if model_dir else None
     if not path or not os.path.exists(path):
         return {}
     with open(path, encoding="utf-8") as f:

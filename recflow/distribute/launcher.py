@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 from recflow.atomic import write_json
 from recflow.errors import RecflowError
+from recflow.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +218,7 @@ class Cluster:
         )
 
     def start(self, task: Task) -> None:
-        logs = os.path.join(self.model_dir, "logs")
+        logs = Layout(self.model_dir).logs_dir
         os.makedirs(logs, exist_ok=True)
         if task.log is None:
             task.log = open(os.path.join(logs, f"{task.name}.log"), "ab")  # noqa: SIM115
@@ -238,7 +239,7 @@ class Cluster:
 
     def write_manifest(self) -> None:
         write_json(
-            os.path.join(self.model_dir, "cluster.json"),
+            Layout(self.model_dir).cluster_path,
             {
                 "tasks": [
                     {"job": t.job, "index": t.index, "address": t.address,

@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from recflow.layout import Layout
+
 logger = logging.getLogger(__name__)
 
 
@@ -239,7 +241,7 @@ class ModelFollower:
     def poll(self) -> None:
         """One scan: load a newer export, then apply every delta that is ready."""
         try:
-            exports = _numbered(os.path.join(self.model_dir, "export"))
+            exports = _numbered(Layout(self.model_dir).export_dir)
         except OSError as exc:
             self._once("%s: cannot read its exports (%s); serving the last good state", self.model_dir, exc)
             return
@@ -251,7 +253,7 @@ class ModelFollower:
         self._release_retired()
 
     def _load(self, version: int) -> bool:
-        path = os.path.join(self.model_dir, "export", str(version))
+        path = Layout(self.model_dir).export(version)
         start = time.perf_counter()
         try:
             served = load_export(path)
@@ -300,7 +302,7 @@ class ModelFollower:
     def _apply_next(self, exports: list[int]) -> bool:
         """Applies the next delta of the chain if it is there; True when one was applied."""
         served = self.served
-        deltas_dir = os.path.join(self.model_dir, "deltas")
+        deltas_dir = Layout(self.model_dir).deltas_dir
         try:
             steps = [s for s in _numbered(deltas_dir) if s > served.step]
         except OSError:

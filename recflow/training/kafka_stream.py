@@ -137,7 +137,7 @@ def stream(trainer: Trainer, status_every: float | None = None) -> dict:
 
         trainer.callbacks.append(StreamStatus(lag, status_every))
     try:
-        ds = trainer._transformed(kafka.dataset(config, source))
+        ds = trainer.transformed(kafka.dataset(config, source))
         model = trainer.model
         iterator = StreamIterator(iter(ds), source, state, lambda: bool(model.stop_training))
         began = time.perf_counter()

@@ -26,6 +26,7 @@ import shutil
 from collections.abc import Iterator
 
 from recflow.errors import RecflowError
+from recflow.layout import Layout
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def writer_lock(model_dir: str, command: str) -> Iterator[None]:
         RecflowError: another process holds it (names its PID and command).
     """
     ensure_dir(model_dir)
-    path = os.path.join(model_dir, LOCK_FILE)
+    path = Layout(model_dir).lock_path
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except PermissionError:

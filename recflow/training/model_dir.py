@@ -1,7 +1,7 @@
 """The model dir: one owner for what a run keeps on disk (DESIGN.md section 5).
 
-`ModelDir` builds every path under `MODEL_DIR` that training writes, and owns the
-state that goes with it:
+`ModelDir` is the one writer of a model dir: its paths are `recflow.layout.Layout`'s,
+and it owns the state that goes with them:
 
 - the writer lock (`recflow.training.lock.writer`, taken before the model is
   built, without TensorFlow): one writer per model dir, and the temps of killed
@@ -42,6 +42,7 @@ from recflow.embedding import lifecycle, reshard
 from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
 from recflow.errors import RecflowError
 from recflow.exporter.saved_model import Exporter, dense_weights, existing_versions, saved_structure
+from recflow.layout import Layout
 from recflow.models import identity
 from recflow.models.base import RankingModel
 from recflow.training import checkpoints
@@ -51,7 +52,7 @@ from recflow.training.lock import ensure_dir
 logger = logging.getLogger(__name__)
 
 
-class ModelDir:
+class ModelDir(Layout):
     """The model dir of one model: its checkpoints, deltas, exports and metrics.
 
     Args:
@@ -77,7 +78,7 @@ class ModelDir:
         status: Callable[[str], None] | None = None,
         timing=None,
     ):
-        self.path = path
+        super().__init__(path)
         self.model = model
         self.config = config
         self._status = status or (lambda message: None)
@@ -93,34 +94,6 @@ class ModelDir:
         self._manager: tf.train.CheckpointManager | None = None
         self._saved_step = -1
         self._record_config = False  # a training run writes config.yaml once its checkpoint restored
-
-    # ------------------------------------------------------------------ paths
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return os.path.join(self.path, "checkpoints")
-
-    @property
-    def deltas_dir(self) -> str:
-        return os.path.join(self.path, "deltas")
-
-    @property
-    def export_dir(self) -> str:
-        return os.path.join(self.path, "export")
-
-    @property
-    def logs_dir(self) -> str:
-        """TensorBoard's event files."""
-        return os.path.join(self.path, "logs")
-
-    @property
-    def cache_dir(self) -> str:
-        """The input cache's default home (`recflow.data.cache`; `data.cache_dir` overrides it)."""
-        return os.path.join(self.path, "cache")
-
-    @property
-    def metrics_path(self) -> str:
-        return os.path.join(self.path, "metrics.json")
 
     def prepare(self) -> None:
         """Creates the model dir for a training run; the next restore writes its config.yaml
@@ -182,7 +155,7 @@ class ModelDir:
             logger.info("restored %s at step %d", latest, self._saved_step)
         set_aside_stale_deltas(self.deltas_dir, int(model.global_step))
         if self._record_config:  # only once the model dir's checkpoint is known to fit
-            dump_config(self.config, os.path.join(self.path, "config.yaml"))
+            dump_config(self.config, self.config_path)
 
     def _check_identity(self, checkpoint: str) -> None:
         """Refuses (one line, nothing written) a checkpoint whose variables mean something

@@ -13,6 +13,7 @@ from recflow.config.loader import load_config
 from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
 from recflow.embedding.placement import ModPlacement
 from recflow.errors import RecflowError
+from recflow.layout import Layout
 from recflow.models.registry import get_model_class
 from recflow.training.checkpoints import checkpoint_steps
 
@@ -20,7 +21,7 @@ _SHARD_NAME = re.compile(r"^model/embedding/physical_tables/0/rows/shards/(\d+)/
 
 
 def _latest_checkpoint(model_dir: str) -> str:
-    path = tf.train.latest_checkpoint(os.path.join(model_dir, "checkpoints"))
+    path = tf.train.latest_checkpoint(Layout(model_dir).checkpoint_dir)
     if path is None:
         raise RecflowError(f"{model_dir}: no checkpoint found")
     return path
@@ -29,7 +30,7 @@ def _latest_checkpoint(model_dir: str) -> str:
 def restore_engine(model_dir: str, checkpoint: str | None = None):
     """The embedding engine of a model dir, restored from `checkpoint` (a `ckpt-N` prefix;
     default its latest checkpoint), without the model."""
-    config_path = os.path.join(model_dir, "config.yaml")
+    config_path = Layout(model_dir).config_path
     if not os.path.exists(config_path):
         raise RecflowError(f"{model_dir}: not a model dir (no config.yaml)")
     config = load_config(config_path)
@@ -57,11 +58,11 @@ def table_stats(model_dir: str) -> dict:
 
 def table_history(model_dir: str) -> list[tuple[int, dict]]:
     """`(step, table_stats)` of every checkpoint the model dir holds, oldest first."""
-    checkpoints = os.path.join(model_dir, "checkpoints")
-    steps = sorted(checkpoint_steps(checkpoints))
+    layout = Layout(model_dir)
+    steps = sorted(checkpoint_steps(layout.checkpoint_dir))
     if not steps:
         raise RecflowError(f"{model_dir}: no checkpoint found")
     return [
-        (step, restore_engine(model_dir, os.path.join(checkpoints, f"ckpt-{step}")).table_stats())
+        (step, restore_engine(model_dir, layout.checkpoint(step)).table_stats())
         for step in steps
     ]

@@ -132,11 +132,13 @@ class Trainer:
             ds = data_lib.make_file_dataset(config, files, epochs=epochs, shuffle=shuffle, rows=rows)
         else:
             ds = data_lib.make_dataset(config, split, epochs=epochs, shuffle=shuffle)
-        return self._transformed(ds)
+        return self.transformed(ds)
 
-    def _transformed(self, ds):
-        """`ds` with the feature transforms applied; traced once for all of this
-        trainer's pipelines (every epoch, evaluation), see `records.reused`."""
+    def transformed(self, ds):
+        """`ds` (raw batches of any source: files, a stream) with the feature transforms
+        applied; traced once for all of this trainer's pipelines (every epoch,
+        evaluation), see `records.reused`. The input seam of the drivers (`fit`,
+        `follow`, the Kafka stream) and of PS runners, passed to them as a function."""
         config = self.config
 
         def fn(raw, labels, bad):
@@ -180,7 +182,7 @@ class Trainer:
         if cache is not None:
             return cache.dataset(config)
         ds = data_lib.make_dataset(config, "train", epochs=1)
-        return self._transformed(ds)
+        return self.transformed(ds)
 
     # ------------------------------------------------------------------ train
 
@@ -198,7 +200,7 @@ class Trainer:
             resumed = None if resumed is None else resumed.decode()
             return LocalRunner(self.config, self.model, self.epoch_dataset, files, cache, resumed)
         with self._scope():
-            return self._make_runner(self.config, self.model, self._transformed)
+            return self._make_runner(self.config, self.model, self.transformed)
 
     def fit(self) -> dict:
         """Trains to `train.steps` / `train.epochs` (totals), resuming from the latest checkpoint.
@@ -400,7 +402,7 @@ class Trainer:
         """Exact metrics over the eval split (the train split when there is none), also
         written to TensorBoard; see `recflow.training.evaluator.Evaluator`."""
         if self._evaluator is None:
-            self._evaluator = Evaluator(self.config, self.model, self._transformed)
+            self._evaluator = Evaluator(self.config, self.model, self.transformed)
         with self.timing.phase("eval"):
             result = self._evaluator.evaluate()
         write_evaluation(self.model_dir.logs_dir, int(self.model.global_step), result)

@@ -33,6 +33,7 @@ import tensorflow as tf
 from recflow.config.loader import load_config
 from recflow.embedding.placement import ModPlacement
 from recflow.errors import RecflowError
+from recflow.layout import Layout
 from recflow.models import build_model, identity
 from recflow.training.checkpoints import readable_checkpoint, variable_key
 
@@ -41,10 +42,11 @@ logger = logging.getLogger(__name__)
 
 def _source_model(source: str):
     """The model of `source` (a model dir), restored from its newest readable checkpoint."""
-    config_path = os.path.join(source, "config.yaml")
+    layout = Layout(source)
+    config_path = layout.config_path
     if not os.path.isfile(config_path):
         raise RecflowError(f"--warm-start {source}: not a model dir (no config.yaml)")
-    latest = readable_checkpoint(os.path.join(source, "checkpoints"))
+    latest = readable_checkpoint(layout.checkpoint_dir)
     if latest is None:
         raise RecflowError(f"--warm-start {source}: no checkpoint to start from")
     config = load_config(config_path)
