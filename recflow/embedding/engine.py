@@ -573,8 +573,8 @@ class EmbeddingEngine(tf.Module):
         saved with fewer shards) stays empty until `recflow.embedding.reshard` fills it.
         """
         for table in self.physical_tables:
-            for part in (table.rows, table.counters):
-                for shard in range(part.num_shards if part is not None else 0):
+            for part in filter(None, (table.rows, table.counters)):
+                for shard in range(part.num_shards):
                     part.reset_shard(shard, 0)
         return checkpoint.restore(path)
 
