@@ -13,7 +13,8 @@ one operation:
     tracked    the same through `lifecycle.evict_tracked`, which also reports the
                evicted ids (what a run with a delta chain does)
     save       `tf.train.Checkpoint.write` of the engine
-    restore    a new engine restoring that checkpoint (the restore child fills nothing)
+    restore    a new engine restoring that checkpoint through `EmbeddingEngine.restore`,
+               as every restore path does (the restore child fills nothing)
 
 Bytes per key are RSS growth over the key count, the baseline being the RSS after
 TensorFlow ran the same operations on a small table and before the measured table
@@ -161,7 +162,8 @@ def child(args) -> dict:
     lifecycle.evict_tracked(scratch, STEP)
     with tempfile.TemporaryDirectory() as tmp:
         path = tf.train.Checkpoint(embedding=scratch).write(os.path.join(tmp, "ckpt"))
-        tf.train.Checkpoint(embedding=_engine(1024, args.dim)).read(path).expect_partial()
+        small = _engine(1024, args.dim)
+        small.restore(tf.train.Checkpoint(embedding=small), path).expect_partial()
     del scratch
     before = _trimmed_rss()
     engine = _engine(keys, args.dim)
@@ -178,7 +180,7 @@ def child(args) -> dict:
     elif args.child == "save":
         tf.train.Checkpoint(embedding=engine).write(path)
     else:
-        tf.train.Checkpoint(embedding=engine).read(path).expect_partial()
+        engine.restore(tf.train.Checkpoint(embedding=engine), path).expect_partial()
     peak = _status("VmHWM")
     after = _trimmed_rss()
     table = engine.physical_tables[0]

@@ -20,7 +20,7 @@ DIM, TTL, STEP, N = 3, 50, 100, 6000
 EXTREMES = np.array([0, 1, -1, -(2**63), 2**63 - 1, 5 + 2**55], np.int64)
 
 
-def make_engine(shards: int, max_keys: int | None) -> EmbeddingEngine:
+def make_engine(shards: int, max_keys: int | None, expected_keys: int = 16) -> EmbeddingEngine:
     eviction = {"ttl_steps": TTL}
     if max_keys is not None:
         eviction["max_keys"] = max_keys
@@ -29,7 +29,7 @@ def make_engine(shards: int, max_keys: int | None) -> EmbeddingEngine:
         "optimizer": {"type": "adagrad"},
         "admission": {"min_count": 2},
         "eviction": eviction,
-        "expected_keys": 16,  # starts small: the inserts below grow every segment
+        "expected_keys": expected_keys,  # 16: starts small, the inserts below grow every segment
     }
     config = config_from_dict(
         {
@@ -195,3 +195,42 @@ def test_rebuild_with_nothing_evicted_keeps_every_row():
     assert evicted == {engine.physical_tables[0].spec.name: 0} and gone == {}
     assert_rows(engine, rows, np.ones(rows["ids"].size, bool))
     assert counter_contents(engine) == {}
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_restore_gives_every_row_exactly_once(shards, tmp_path):
+    """A table that grew by doubling, saved, comes back through `EmbeddingEngine.restore`
+    (which empties the new engine's tables first) in an engine created for far more keys:
+    every key once, every row bit for bit, every counter, in the saved bucket arrays, and
+    a lookup of each key finds its row (the segment routes come back with the arrays)."""
+    engine = make_engine(shards, None)
+    table = engine.physical_tables[0]
+    rows = random_rows(seed=3)
+    rng = np.random.default_rng(4)
+    waiting = np.setdiff1d(rng.integers(-(2**63), 2**63 - 1, 700, np.int64, True), rows["ids"])
+    waiting_last = rng.integers(1, STEP + 1, waiting.size).astype(np.int32)
+    initial = [table.rows.num_buckets(i) for i in range(shards)]
+    fill(engine, rows, waiting, waiting_last)
+    grown = [table.rows.num_buckets(i) for i in range(shards)]
+    assert all(g >= 16 * b for g, b in zip(grown, initial))
+    path = tf.train.Checkpoint(engine=engine).save(str(tmp_path / "ckpt"))  # as a model dir does
+
+    restored = make_engine(shards, None, expected_keys=200_000)
+    again = restored.physical_tables[0]
+    assert again.rows.num_buckets(0) > grown[0]  # created larger than the saved table
+    restored.restore(tf.train.Checkpoint(engine=restored), path).assert_consumed()
+
+    everything = np.ones(rows["ids"].size, bool)
+    assert_rows(restored, rows, everything)
+    stale = rows["ids"][::5]
+    assert counter_contents(restored) == {
+        **{int(k): [1, STEP] for k in stale},
+        **{int(k): [1, int(t)] for k, t in zip(waiting, waiting_last)},
+    }
+    assert [again.rows.num_buckets(i) for i in range(shards)] == grown
+    found = again.rows.lookup(encode(tf.constant(rows["ids"]), 0)).numpy()
+    emb, slots, count, last = again.layout.split_numpy(found)
+    np.testing.assert_array_equal(emb, rows["emb"])
+    np.testing.assert_array_equal(slots, rows["slots"])
+    np.testing.assert_array_equal(count, rows["count"])
+    np.testing.assert_array_equal(last, rows["last"])

@@ -149,7 +149,7 @@ class ModelDir(Layout):
             check_checkpoint(latest)
             self._check_identity(latest)
             self._status(f"Restoring {latest}")
-            self._checkpoint.restore(latest).expect_partial()
+            model.embedding.restore(self._checkpoint, latest).expect_partial()
             self._reshard(latest)
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)

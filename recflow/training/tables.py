@@ -43,7 +43,7 @@ def restore_engine(model_dir: str, checkpoint: str | None = None):
     engine = EmbeddingEngine(config, placement, first_order=get_model_class(config.model.type).first_order)
     holder = tf.Module()
     holder.embedding = engine  # the checkpoint's path to the tables: model/embedding/...
-    tf.train.Checkpoint(model=holder).restore(path).expect_partial()
+    engine.restore(tf.train.Checkpoint(model=holder), path).expect_partial()
     return engine
 
 

@@ -58,7 +58,7 @@ def _source_model(source: str):
     model = build_model(config, ModPlacement(saved["parameter_servers"]))
     model.build_weights()
     identity.check(saved, identity.structure(model), source)  # its config.yaml must match
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial()
+    model.embedding.restore(tf.train.Checkpoint(model=model), latest).expect_partial()
     return model, latest
 
 
