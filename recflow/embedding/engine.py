@@ -219,14 +219,14 @@ class _PhysicalTable(tf.Module):
         with tf.device(counters.placement.device(shard)):
             keep = []
             for j in range(counters.segments):
-                live = self._rowless(shard, counters.segment_keys(shard, j))
+                live = self.rowless(shard, counters.segment_keys(shard, j))
                 if ttl is not None:
                     last = counters.segment_columns(shard, j, 1, 2)[:, 0]
                     live = tf.logical_and(live, last > step - ttl)
                 keep.append(live)
             counters.rebuild_shard(shard, keep, self.step_keys)
 
-    def _rowless(self, shard: int, keys: tf.Tensor, chunk: int = 1 << 16) -> tf.Tensor:
+    def rowless(self, shard: int, keys: tf.Tensor, chunk: int = 1 << 16) -> tf.Tensor:
         """Which of `keys` (on shard `shard`) have no row, looked up `chunk` keys at a time."""
         count = self.layout.dim + self.layout.slots_width  # the row's count column
         parts = []
@@ -679,13 +679,14 @@ class EmbeddingEngine(tf.Module):
             names = [t.name for t in table.spec.logical]
             per_shard = np.zeros((len(names), table.rows.num_shards), np.int64)
             waiting = np.zeros(len(names), np.int64)
+            # Keys only, one segment at a time: a count never copies a table's rows.
             for shard in range(table.rows.num_shards):
-                keys, _ = table.rows.export_shard(shard)
-                per_shard[:, shard] = np.bincount(slot_of(keys.numpy()), minlength=len(names))
-                if table.counters is not None:
-                    counted, _ = table.counters.export_shard(shard)
-                    row_count = table.layout.split(table.rows.lookup_shard(shard, counted))[2]
-                    counted = counted.numpy()[row_count.numpy() <= 0]
+                for j in range(table.rows.segments):
+                    keys = table.rows.segment_keys(shard, j).numpy()
+                    per_shard[:, shard] += np.bincount(slot_of(keys), minlength=len(names))
+                for j in range(table.counters.segments if table.counters is not None else 0):
+                    counted = table.counters.segment_keys(shard, j)
+                    counted = tf.boolean_mask(counted, table.rowless(shard, counted)).numpy()
                     waiting += np.bincount(slot_of(counted), minlength=len(names))
             row_bytes = KEY_BYTES + 4 * table.layout.width
             for slot, name in enumerate(names):
