@@ -26,12 +26,13 @@ function on the eval rows. `--epochs` lists the epoch counts (default 1,3): ever
 runs each one, and the ratios are per epoch count. `--repeats` (default 2) runs every
 system again, interleaved, and keeps each system's best (shortest) process.
 
-Columns: `job s` the whole process; `job ex/s` trained examples / job s; `train ex/s`
+Columns: `job s` the whole process; `job cpu s` its CPU seconds (user + system, all
+threads: on a shared machine they move much less than the wall time); `job ex/s` trained examples / job s; `train ex/s`
 the training loop's own rate (recflow: metrics.json examples_per_sec, trace and input
 included; DeepCTR: fit); `steady ex/s` recflow's rate over epochs 2.. (metrics.json
 `timing.steady_examples_per_sec`, needs --epochs >= 2); then recflow's phase seconds
 (metrics.json `timing`: startup = process start -> training begins, trace, train, eval,
-export). Targets (PASS / FAIL): fused job >= 1.5x faster than DeepCTR's over 1 epoch and
+export) and their CPU seconds (`... cpu`). Targets (PASS / FAIL): fused job >= 1.5x faster than DeepCTR's over 1 epoch and
 >= 1.8x over 3 (other epoch counts: 1.5x), fused steady state >= 60k examples/s (epochs
 >= 2), fused AUC >= DeepCTR's - 0.005.
 
@@ -54,6 +55,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -144,36 +146,45 @@ def recflow_command(args, system: str, epochs: int, paths: tuple[str, str], mode
     return command
 
 
-def timed(command: list[str], timeout: float) -> tuple[float, subprocess.CompletedProcess]:
-    """(wall seconds, the finished process) of one job, start to exit."""
+def timed(command: list[str], timeout: float) -> tuple[float, float, subprocess.CompletedProcess]:
+    """(wall seconds, CPU seconds, the finished process) of one job, start to exit.
+
+    CPU seconds: user + system of the job process and its threads (the rusage of the
+    children this process waited for, before and after; jobs run one at a time). On
+    a machine shared with other work they move much less than the wall seconds.
+    """
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     began = time.perf_counter()
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise common.Unavailable(f"{os.path.basename(command[0])}: ran past --timeout {timeout:.0f}s") from None
-    return time.perf_counter() - began, done
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, done
 
 
-def timed_record(command: list[str], timeout: float, bench: str, who: str) -> tuple[float, dict]:
-    """Runs a job process; returns its wall seconds and its last `{"bench": bench, ...}` line.
+def timed_record(command: list[str], timeout: float, bench: str, who: str) -> tuple[float, float, dict]:
+    """Runs a job process; returns its wall and CPU seconds and its last `{"bench": bench, ...}` line.
 
     Raises:
         common.Unavailable: the job failed or printed no such line.
     """
-    wall, done = timed(command, timeout)
+    wall, cpu, done = timed(command, timeout)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(f'{{"bench": "{bench}"')]
     if done.returncode != 0 or not lines:
         raise common.Unavailable(
             f"{who} exit {done.returncode}: {common._last_error_line(done.stderr + done.stdout)}"
         )
-    return wall, json.loads(lines[-1])
+    return wall, cpu, json.loads(lines[-1])
 
 
 def run_recflow(args, system: str, epochs: int, paths, work: str) -> dict:
     # A fresh model dir per run: an existing one would resume from its checkpoint.
     model_dir = tempfile.mkdtemp(prefix=f"{system}-", dir=work)
     shutil.rmtree(model_dir)
-    wall, done = timed(recflow_command(args, system, epochs, paths, model_dir), args.timeout)
+    wall, cpu, done = timed(recflow_command(args, system, epochs, paths, model_dir), args.timeout)
     if done.returncode != 0:
         raise common.Unavailable(
             f"recflow train exit {done.returncode}: {common._last_error_line(done.stderr + done.stdout)}"
@@ -183,19 +194,21 @@ def run_recflow(args, system: str, epochs: int, paths, work: str) -> dict:
     timing = metrics.get("timing", {})
     shutil.rmtree(model_dir, ignore_errors=True)
     return {
-        "job_seconds": wall, "auc": metrics["auc"],
+        "job_seconds": wall, "job_cpu_seconds": cpu, "auc": metrics["auc"],
         "train_examples_per_sec": metrics["examples_per_sec"],
         "steady_examples_per_sec": timing.get("steady_examples_per_sec"),
         "timing": {k: timing[k] for k in PHASES if k in timing},
+        "cpu": {k: timing["cpu"][k] for k in PHASES if k in timing.get("cpu", {})},
     }  # fmt: skip
 
 
 def run_deepctr(args, epochs: int, paths) -> dict:
     command = [sys.executable, os.path.abspath(__file__), *args.argv, "--deepctr-job", *paths, str(epochs)]
-    wall, r = timed_record(command, args.timeout, "deepctr_job", "deepctr job")
+    wall, cpu, r = timed_record(command, args.timeout, "deepctr_job", "deepctr job")
     return {
-        "job_seconds": wall, "auc": r["auc"], "train_examples_per_sec": r["fit_examples_per_sec"],
-        "steady_examples_per_sec": None, "timing": {},
+        "job_seconds": wall, "job_cpu_seconds": cpu, "auc": r["auc"],
+        "train_examples_per_sec": r["fit_examples_per_sec"], "steady_examples_per_sec": None,
+        "timing": {}, "cpu": {},
     }  # fmt: skip
 
 
@@ -259,9 +272,9 @@ def run_tfra(args, epochs: int, train, evaluation, work: str) -> dict:
         "--dim", str(args.dim), "--hidden", args.hidden, "--batch-size", str(args.batch_size),
         "--epochs", str(epochs), "--lr", str(args.lr), "--seed", str(args.seed),
     ]  # fmt: skip
-    wall, r = timed_record(command, args.timeout, "tfra_deepfm", "tfra_deepfm.py")
+    wall, cpu, r = timed_record(command, args.timeout, "tfra_deepfm", "tfra_deepfm.py")
     return {
-        "job_seconds": wall, "auc": auc(evaluation[common.LABEL], np.load(paths[2])),
+        "job_seconds": wall, "job_cpu_seconds": cpu, "cpu": {}, "auc": auc(evaluation[common.LABEL], np.load(paths[2])),
         "train_examples_per_sec": r["fit_examples_per_sec"], "steady_examples_per_sec": None,
         "timing": {}, "versions": f"tensorflow {r['tensorflow']}, tfra {r['tfra']}",
     }  # fmt: skip
@@ -272,8 +285,9 @@ def run_tfra(args, epochs: int, train, evaluation, work: str) -> dict:
 
 def table_rows(args, runs: dict, unavailable: dict) -> tuple[list[str], list[list]]:
     """One row per (epochs, system); `vs fused` = the system's job s / fused job s."""
-    headers = ["epochs", "system", "job s", "job ex/s", "train ex/s", "steady ex/s", "auc", "vs fused"]
-    headers += [f"{p} s" for p in PHASES]
+    headers = ["epochs", "system", "job s", "job cpu s", "job ex/s", "train ex/s", "steady ex/s", "auc",
+               "vs fused"]  # fmt: skip
+    headers += [f"{p} s" for p in PHASES] + [f"{p} cpu" for p in PHASES]
     rows = []
     for epochs, results in runs.items():
         fused = results.get("recflow_fused")
@@ -281,9 +295,9 @@ def table_rows(args, runs: dict, unavailable: dict) -> tuple[list[str], list[lis
             if system in results:
                 r = results[system]
                 speed = common.ratio(r["job_seconds"], fused["job_seconds"]) if fused else None
-                row = [epochs, system, r["job_seconds"], args.rows * epochs / r["job_seconds"],
+                row = [epochs, system, r["job_seconds"], r["job_cpu_seconds"], args.rows * epochs / r["job_seconds"],
                        r["train_examples_per_sec"], r["steady_examples_per_sec"], r["auc"], speed]  # fmt: skip
-                rows.append(row + [r["timing"].get(p) for p in PHASES])
+                rows.append(row + [r["timing"].get(p) for p in PHASES] + [r["cpu"].get(p) for p in PHASES])
             elif system in unavailable:
                 rows.append([epochs, system] + [None] * (len(headers) - 2))
     return headers, rows
@@ -345,6 +359,7 @@ def targets(runs: dict) -> tuple[dict, dict]:
             value = deepctr["job_seconds"] / fused["job_seconds"]
             goal = SPEEDUP_TARGETS.get(epochs, SPEEDUP_TARGET)
             mine["fused_vs_deepctr"] = value
+            mine["fused_vs_deepctr_cpu"] = deepctr["job_cpu_seconds"] / fused["job_cpu_seconds"]
             checks[f"fused_vs_deepctr_{epochs}ep"] = {"shown": f"{value:.2f}x", "goal": f">= {goal}x",
                                                       "pass": value >= goal}  # fmt: skip
             gap = fused["auc"] - deepctr["auc"]
@@ -406,7 +421,7 @@ def bench(args, work: str) -> int:
                     continue
                 done[epochs][system].append(r)
                 steady = r["steady_examples_per_sec"]
-                print(f"  {r['job_seconds']:.1f}s, auc {r['auc']:.4f}"
+                print(f"  {r['job_seconds']:.1f}s ({r['job_cpu_seconds']:.1f} cpu s), auc {r['auc']:.4f}"
                       + (f", steady {steady:,.0f} ex/s" if steady else ""), flush=True)  # fmt: skip
     runs: dict[int, dict] = {}
     for epochs, systems in done.items():

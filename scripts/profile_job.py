@@ -35,11 +35,12 @@ PHASES = {
     "Trainer construction (model build)": [("recflow/training/trainer.py", "__init__")],
     "train (fit, all epochs)": [("recflow/training/trainer.py", "fit")],
     "  train pipeline build": [("recflow/training/trainer.py", "epoch_dataset")],
+    "  input cache build (parse once)": [("recflow/data/cache.py", "_build")],
     "  train-step loop (incl. its trace)": [("recflow/training/trainer.py", "train_on")],
     "  train_step trace (Python)": [("recflow/models/base.py", "train_step")],
     "  final checkpoint": [("recflow/training/trainer.py", "finish")],
     "evaluation": [("recflow/training/trainer.py", "evaluate")],
-    "export": [("recflow/training/trainer.py", "export")],
+    "export": [("recflow/training/model_dir.py", "export")],
     "all tf.function traces": [("polymorphic_function/tracing_compilation.py", "trace_function")],
     "all AutoGraph conversions": [("autograph/impl/api.py", "converted_call")],
 }

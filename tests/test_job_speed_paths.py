@@ -112,6 +112,10 @@ def test_metrics_json_has_phase_timing(tmp_path):
         assert isinstance(timing[phase], float) and timing[phase] >= 0.0
     assert timing["trace"] > 0.0 and timing["train"] > 0.0 and timing["export"] > 0.0
     assert timing["trace"] <= timing["train"]  # the step is traced inside the training loop
+    # CPU seconds per phase: startup holds the imports (this test process's, so far).
+    assert set(timing["cpu"]) == set(PHASES)
+    assert all(isinstance(v, float) and v >= 0.0 for v in timing["cpu"].values())
+    assert timing["cpu"]["startup"] > 0.0 and timing["cpu"]["train"] > 0.0
     # Two passes over 3000 rows: the rate of the second pass is known.
     assert metrics["examples"] == 6000
     assert timing["steady_examples_per_sec"] > 0.0

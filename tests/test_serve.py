@@ -162,6 +162,33 @@ def test_deltas_applied_to_an_export_match_the_full_export(trained, tmp_path, st
     assert evicted and evicted <= set(held["item"])
 
 
+def test_a_malformed_delta_is_refused_and_changes_nothing(trained):
+    """`apply_delta` checks every table's lengths before its first write: a delta whose
+    values and ids differ in length for one table fails naming it, and the export's
+    rows, weights and step stay as they were."""
+    import tensorflow as tf
+
+    _, rows, model_dir = trained
+    model = tf.saved_model.load(str(model_dir / "export" / "4"))
+    serve = model.signatures["serving_default"]
+    held = held_out_rows(rows)
+    feed = {"user": tf.constant(held["user"]), "item": tf.constant(held["item"].tolist()),
+            "price": tf.constant(held["price"])}  # fmt: skip
+    before = serve(**feed)["probability"].numpy()
+    folder = model_dir / "deltas" / "6"
+    delta = {"step": tf.constant(6, tf.int64), "dense": tf.constant(np.load(folder / "dense.npy"))}
+    for table in manifest(model_dir, 6)["tables"]:
+        with np.load(folder / f"{table}.npz") as data:
+            values = data["values"][:-1] if table == "i" else data["values"]  # one row short
+            delta.update({f"{table}/ids": tf.constant(data["keys"]), f"{table}/values": tf.constant(values),
+                          f"{table}/evicted": tf.constant(data["evicted"])})  # fmt: skip
+    assert len(np.load(folder / "i.npz")["keys"]) > 0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="i: values and ids differ in length"):
+        model.apply_delta(delta)
+    assert int(model.global_step) == 4
+    np.testing.assert_array_equal(serve(**feed)["probability"].numpy(), before)
+
+
 # ----------------------------------------------------------------------------- the server
 
 def free_port():

@@ -129,36 +129,52 @@ class ServingModule(tf.Module):
         the `DenseHashTable`s (DESIGN.md section 9); a new full export drops them.
         Returns {"step": step}. A function of the module, not a signature: a TF Serving
         client must not be able to change the model.
+
+        The graph is traced at every first export of a process, so it is kept small: one
+        check of every table's lengths, and per serving table one insert of the evicted
+        ids and one of the new rows, all logical tables at once (their keys differ by
+        slot, so the order between tables does not matter).
         """
         weights = dense_weights(model)
         sizes = [int(v.shape.num_elements()) for v in weights]
-        uses = []  # (serving table index, slot, logical name, dim)
+        tables = []  # per serving table: (slots, logical names, dim)
         spec = {
             "step": tf.TensorSpec([], tf.int64, name="step"),
             "dense": tf.TensorSpec([None], tf.float32, name="dense"),
         }
-        for index, physical in enumerate(model.embedding.plan):
-            for logical in physical.logical:
-                uses.append((index, physical.slot(logical.name), logical.name, physical.dim))
+        for physical in model.embedding.plan:
+            names = [logical.name for logical in physical.logical]
+            tables.append(([physical.slot(n) for n in names], names, physical.dim))
+            for name in names:
                 for part, shape, dtype in DELTA_PARTS:
-                    name = f"{logical.name}/{part}"
                     shape = [None, physical.dim] if shape == 2 else [None]
-                    spec[name] = tf.TensorSpec(shape, dtype, name=delta_input_name(name))
+                    spec[f"{name}/{part}"] = tf.TensorSpec(
+                        shape, dtype, name=delta_input_name(f"{name}/{part}")
+                    )
+        names = [name for _, table_names, _ in tables for name in table_names]
 
         def apply(delta):
             # Every check before the first write: a malformed delta changes nothing.
             checks = [tf.debugging.assert_equal(tf.size(delta["dense"]), sum(sizes),
                                                 message="dense: wrong size")]
-            for _, _, name, _ in uses:
-                checks.append(tf.debugging.assert_equal(
-                    tf.shape(delta[f"{name}/values"])[0], tf.size(delta[f"{name}/ids"]),
-                    message=f"{name}: values and ids differ in length"))
+            if names:
+                rows = tf.stack([tf.shape(delta[f"{n}/values"])[0] for n in names])
+                ids = tf.stack([tf.size(delta[f"{n}/ids"]) for n in names])
+                same = tf.equal(rows, ids)
+                first = tf.gather(tf.constant(names), tf.argmin(tf.cast(same, tf.int32)))
+                checks.append(tf.debugging.Assert(
+                    tf.reduce_all(same),
+                    [tf.strings.join([first, ": values and ids differ in length"])],
+                ))
             with tf.control_dependencies(checks):
-                for index, slot, name, dim in uses:
-                    table = self.tables[index]
-                    evicted = _served_keys(delta[f"{name}/evicted"], slot)
+                for table, (slots, table_names, dim) in zip(self.tables, tables):
+                    evicted = _served_keys([delta[f"{n}/evicted"] for n in table_names], slots)
                     table.insert(evicted, tf.zeros(tf.stack([tf.shape(evicted)[0], dim])))
-                    table.insert(_served_keys(delta[f"{name}/ids"], slot), delta[f"{name}/values"])
+                    values = [delta[f"{n}/values"] for n in table_names]
+                    table.insert(
+                        _served_keys([delta[f"{n}/ids"] for n in table_names], slots),
+                        values[0] if len(values) == 1 else tf.concat(values, 0),
+                    )
                 for variable, part in zip(weights, tf.split(delta["dense"], sizes) if sizes else []):
                     variable.assign(tf.reshape(part, variable.shape))
                 self.global_step.assign(delta["step"])
@@ -176,9 +192,13 @@ class ServingModule(tf.Module):
                 table.insert(keys, emb)
 
 
-def _served_keys(ids: tf.Tensor, slot: int) -> tf.Tensor:
-    """The keys [n, 2] of raw ids [n] of logical table `slot` in a serving table: (slot, raw id)."""
-    return tf.stack([tf.fill(tf.shape(ids), tf.constant(slot, tf.int64)), ids], axis=1)
+def _served_keys(ids: list[tf.Tensor], slots: list[int]) -> tf.Tensor:
+    """The keys [n, 2] in a serving table, (slot, raw id), of the raw ids `ids[i]` [n_i]
+    of logical table `slots[i]`, concatenated."""
+    if len(ids) == 1:
+        return tf.stack([tf.fill(tf.shape(ids[0]), tf.constant(slots[0], tf.int64)), ids[0]], axis=1)
+    sizes = tf.stack([tf.size(i, out_type=tf.int64) for i in ids])
+    return tf.stack([tf.repeat(tf.constant(slots, tf.int64), sizes), tf.concat(ids, 0)], axis=1)
 
 
 # The per-table inputs of `apply_delta`: (name, rank, dtype).

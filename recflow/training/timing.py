@@ -9,6 +9,10 @@
     export   SavedModel exports, periodic ones included
     steady_examples_per_sec  examples / s over passes 2.. of a run from step 0
              (present with 2 passes or more): the rate once everything is traced
+    cpu      the CPU seconds (user + system, all threads of the process) of each
+             phase: on a machine shared with other work they move much less than
+             the wall seconds, and they show where the input pipeline's threads
+             add work beside the steps
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Timing:
     def __init__(self, began: float | None = None):
         self.began = began if began is not None else (process_start() or time.time())
         self.seconds = {name: 0.0 for name in PHASES}
+        self.cpu = {name: 0.0 for name in PHASES}
         self._train_began: float | None = None
         # perf_counter at the end of each training pass; None until pass 0 begins here
         self._passes: list[float] | None = None
@@ -52,26 +57,29 @@ class Timing:
     @contextlib.contextmanager
     def phase(self, name: str):
         """Adds the seconds of the `with` body to phase `name`."""
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         if name == "train" and self._train_began is None:
             self.seconds["startup"] = max(time.time() - self.began, 0.0)
+            self.cpu["startup"] = cpu  # the process's CPU seconds so far
             self._train_began = began
         try:
             yield
         finally:
             self.seconds[name] += time.perf_counter() - began
+            self.cpu[name] += time.process_time() - cpu
 
     def traced(self, fn):
         """`fn` (a function traced by tf.function) with its tracing time added to `trace`."""
 
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            began = time.perf_counter()
+            began, cpu = time.perf_counter(), time.process_time()
             try:
                 return fn(*args, **kwargs)
             finally:
                 self.traces += 1
                 self.seconds["trace"] += time.perf_counter() - began
+                self.cpu["trace"] += time.process_time() - cpu
 
         return wrapper
 
@@ -90,8 +98,10 @@ class Timing:
         return examples * (passes - 1) / passes / elapsed if elapsed > 0 else None
 
     def as_dict(self, examples: int = 0, passes: int = 0) -> dict:
-        """The `timing` section: each phase's seconds, and the steady rate when known."""
+        """The `timing` section: each phase's seconds, the steady rate when known, and
+        `cpu`: each phase's CPU seconds."""
         out = {name: round(self.seconds[name], 3) for name in PHASES}
+        out["cpu"] = {name: round(self.cpu[name], 3) for name in PHASES}
         steady = self.steady_examples_per_sec(examples, passes)
         if steady is not None:
             out["steady_examples_per_sec"] = round(steady, 1)
