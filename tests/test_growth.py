@@ -95,7 +95,7 @@ def rows_of(table) -> dict:
 
 
 @pytest.mark.parametrize("shards,admission", [(1, False), (2, True)])
-def test_growth_keeps_every_row_and_the_bound(shards, admission):
+def test_growth_keeps_every_row_and_the_bound(shards, admission, tmp_path):
     models = []
     for _ in range(2):
         config, model = make_model(shards, admission)
@@ -129,6 +129,14 @@ def test_growth_keeps_every_row_and_the_bound(shards, admission):
     assert a.rows.num_shards == shards
     for kind in tables:
         assert rows_of(getattr(a, kind)) == rows_of(getattr(b, kind))
+    # A checkpoint of the grown engine restores its layout: every key is found by lookup.
+    path = tf.train.Checkpoint(engine=grown.embedding).write(str(tmp_path / "ckpt"))
+    _, restored = make_model(shards, admission)
+    tf.train.Checkpoint(engine=restored.embedding).read(path).assert_consumed()
+    keys, values = a.rows.export()
+    again = restored.embedding.physical_tables[0].rows
+    assert rows_of(again) == rows_of(a.rows)
+    np.testing.assert_array_equal(again.lookup(keys).numpy(), values.numpy())
     # Once a table is large against a step: doubling passes 1.6x, growth stays within
     # 1.3x (1 + 1/8).
     assert ratios["grown"] and max(ratios["reference"]) > 1.6

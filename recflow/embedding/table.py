@@ -28,7 +28,7 @@ could make some segment double is laid out again, keeping every row
 (`grow_buckets`: at most `GROWTH_RATIO` times the buckets its keys and a step's
 inserts fill, so about 10%-17% of room for new keys), by the streaming rebuild.
 Its buckets/keys thus stays between ~1/MAX_LOAD (1.11x) and `GROWTH_RATIO`
-(1.3x) plus one step's inserts, at the cost of moving each key ~8 more times as
+(1.3x) plus one step's inserts, at the cost of moving each key ~6-9 more times as
 the table grows (each re-layout moves the shard's keys once). The kernel's own
 doubling remains the safety valve when a step inserts more than the last ones
 did; the next check then lays an over-provisioned shard out again.
@@ -38,11 +38,19 @@ segments of staggered loads only spread the doublings out in time (the mean
 stays ~1.6x); growing one segment at a time needs moving route ranges, i.e.
 rebuilding the segments that give them up. Training segments use
 `max_load_factor` `MAX_LOAD` = 0.9 (a standard attr of `MutableDenseHashTableV2`:
-checkpoints are unchanged, and it bounds probe chains: measured here, lookups of
-held keys ~25% and of missing keys ~30% slower at load 0.9 than at 0.8), which
-gives growth room without passing ~1.3x. A table's kernel counts every key of an
-insert as new (updates too), so a shard always keeps room for one step's inserts:
-a small table that a step's keys cover is held at ~1.1x (keys + a step's keys).
+checkpoints are unchanged; it lengthens probe chains: measured here on 2M buckets,
+CPU per lookup of a held key ~10% and of a missing key ~30%-65% above load 0.55 at
+loads 0.8-0.9), which gives growth room without passing ~1.3x. A table's kernel
+counts every key of an insert as new (updates too), so a shard always keeps room for
+one step's inserts: a small table that a step's keys cover is held at ~1.1x-1.3x
+(keys + a step's keys).
+
+Cost, measured (docs/performance.md, "Growing tables"): in a job whose every step
+brings 204,800 new keys until 20M, 22 layouts move each key ~6 times (the rule
+replayed in numpy; it gives the measured 1.21x); the whole job took 40% more CPU
+(76 -> 107 s; 10% at 2M keys) for 28% fewer bytes per key. Under parameter servers
+the check runs after each wave of chunks, so within a long wave a segment may still
+double; the check after it lays the shard out again.
 
 **Streaming rebuild.** A segment's export is its bucket arrays themselves, not a
 copy. A rebuild copies out one old segment's survivors at a time, already split by
@@ -411,13 +419,17 @@ class ShardedTable(tf.Module):
         doubled anyway); returns the keys moved (eager; module docstring, "Growth").
 
         A step's inserts are bounded by the largest insert the shard took since the
-        last call; a shard that took none is left alone. Call it between steps only:
-        a step running meanwhile could write a key into the segment it left.
+        last call or the one before (so a short last batch of an epoch does not shrink
+        a shard the next full batch would grow again); a shard that took none is left
+        alone. Call it between steps only: a step running meanwhile could write a key
+        into the segment it left.
         """
         moved = 0
-        for i, (step, held, buckets, shares) in enumerate(self._watch.read()):
-            if step == 0:
+        for i, (largest, held, buckets, shares) in enumerate(self._watch.read()):
+            if largest == 0:
                 continue
+            step = max(largest, self._watch.previous[i])
+            self._watch.previous[i] = largest
             keys = int(held.sum())
             # What one insert of `step` keys may bring each segment: its share and 4 sigma.
             inserts = shares * step + 4 * np.sqrt(shares * step)
@@ -431,7 +443,9 @@ class ShardedTable(tf.Module):
 
     def reset_shard(self, i: int, keys: int, headroom: int = 0) -> None:
         """Empties shard `i`, its segments sized for `keys` keys and `headroom` more (eager)."""
-        sizes, routes = segment_layout(segment_buckets(keys, headroom, self.segments), self.segments)
+        sizes, routes = segment_layout(
+            segment_buckets(keys, headroom, self.segments), self.segments
+        )
         with tf.device(self.placement.device(i)):
             for table, size in zip(self.shards[i], sizes):
                 empty_buckets(table, size, self.width, self.value_dtype)
@@ -502,8 +516,11 @@ class _Watch:
         for i in range(table.num_shards):
             with variables_on(table.placement.device(i)):
                 self.largest.append(
-                    tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"{base}_largest_{i}")
+                    tf.Variable(
+                        tf.constant(0, tf.int64), trainable=False, name=f"{base}_largest_{i}"
+                    )
                 )
+        self.previous = [0] * table.num_shards  # per shard: the largest insert `grow` read last
         self._read = None
 
     def saw(self, i: int, n: tf.Tensor) -> None:
@@ -529,8 +546,6 @@ class _Watch:
                 with tf.control_dependencies([step]):
                     self.largest[i].assign(tf.zeros_like(step))
                 held = tf.stack([t.size() for t in table.shards[i]])
-                buckets = tf.stack(
-                    [tf.shape(t.export()[0], tf.int64)[0] for t in table.shards[i]]
-                )
+                buckets = tf.stack([tf.shape(t.export()[0], tf.int64)[0] for t in table.shards[i]])
                 out.append((step, held, buckets, table.routes[i].read_value()))
         return out
