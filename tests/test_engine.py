@@ -7,6 +7,7 @@ from conftest import fingerprint_ids
 
 from recflow.config import config_from_dict
 from recflow.embedding.rows import RowLayout
+from recflow.embedding.table import MAX_LOAD
 from recflow.features.keys import decode, encode
 from recflow.features.transform import transform
 from recflow.models import RankingModel, build_model, register_model
@@ -234,7 +235,7 @@ def test_expected_keys_sizes_the_table_up_front():
     model, _ = make_model(make_config(tables=tables))
     rows = model.embedding.physical_tables[0].rows
     before = rows.num_buckets(0)
-    assert 50_000 / 0.8 <= before <= 1.4 * 50_000 / 0.8  # not a power-of-two doubling
+    assert 50_000 / MAX_LOAD <= before <= 1.4 * 50_000 / MAX_LOAD  # not a power-of-two doubling
     keys = encode(tf.range(50_000, dtype=tf.int64), 0)
     rows.insert(keys, tf.ones([50_000, model.embedding.physical_tables[0].layout.width]))
     assert rows.num_buckets(0) == before  # the keys fit without growing

@@ -580,6 +580,19 @@ class EmbeddingEngine(tf.Module):
 
     # ------------------------------------------------------------------ lifecycle (eager)
 
+    def grow(self) -> dict[str, int]:
+        """Lays out again, keeping every row, the shards whose next step's inserts could
+        double a segment (`ShardedTable.grow`); returns the keys moved per physical table
+        (only tables that moved some). Between steps only (after a PS wave's join)."""
+        moved = {}
+        for table in self.physical_tables:
+            n = table.rows.grow()
+            if table.counters is not None:
+                n += table.counters.grow()
+            if n:
+                moved[table.spec.name] = n
+        return moved
+
     def rebuild(self, step: int) -> dict[str, int]:
         """Evicts (`ttl_steps`, `max_keys`) and drops stale admission counters at `step`.
 

@@ -10,14 +10,47 @@ a shard: its bucket arrays are replaced by empty ones of a chosen size, then the
 survivors are inserted once. A key is written only by `insert` into tables that
 never hold a deleted bucket, so it is held at most once.
 
-**Segments.** A `DenseHashTable` has a power-of-two bucket count and doubles past
-a load of 0.8, so one table per shard would hold 1.25x-2.5x the buckets its keys
-need. Each shard is instead split into `SEGMENTS` tables by the key's route
-(bits 47..62 of its mixed id, uniform), each segment taking a share of the
-routes proportional to its buckets. A rebuild picks segment sizes whose sum is
-within 1/16 of what the survivors and one step's keys need, none more than half
-of the sum, so right after a rebuild a shard holds at most ~1.35x the buckets of
-its keys (plus that headroom); growth between rebuilds doubles one segment at a time.
+**Segments.** A `DenseHashTable` has a power-of-two bucket count and doubles when
+an insert would pass its `max_load_factor`, so one table per shard would hold
+1.1x-2.2x the buckets its keys need. Each shard is instead split into `SEGMENTS`
+tables by the key's route (bits 47..62 of its mixed id, uniform), each segment
+taking a share of the routes proportional to its buckets (less 4 standard deviations
+of its keys, so small segments fill no sooner than large ones). A layout picks segment
+sizes whose sum has at most `SEGMENTS - 1` bits set (within 1/16 of any target),
+none more than half of the sum.
+
+**Growth** (`ShardedTable.grow`). Segments of one layout all reach the same load
+together, so left to the kernel they would all double at about the same time and
+a shard's buckets/keys would swing between 1.1x and 2.2x (mean ~1.6x). Instead,
+after every step (every PS wave) a cheap check reads each segment's size and the
+largest insert the shard took since the last check; a shard where that insert
+could make some segment double is laid out again, keeping every row
+(`grow_buckets`: at most `GROWTH_RATIO` times the buckets its keys and a step's
+inserts fill, so about 10%-17% of room for new keys), by the streaming rebuild.
+Its buckets/keys thus stays between ~1/MAX_LOAD (1.11x) and `GROWTH_RATIO`
+(1.3x) plus one step's inserts, at the cost of moving each key ~6-9 more times as
+the table grows (each re-layout moves the shard's keys once). The kernel's own
+doubling remains the safety valve when a step inserts more than the last ones
+did; the next check then lays an over-provisioned shard out again.
+
+Why not the alternatives: a higher `max_load_factor` alone keeps the 2x swing;
+segments of staggered loads only spread the doublings out in time (the mean
+stays ~1.6x); growing one segment at a time needs moving route ranges, i.e.
+rebuilding the segments that give them up. Training segments use
+`max_load_factor` `MAX_LOAD` = 0.9 (a standard attr of `MutableDenseHashTableV2`:
+checkpoints are unchanged; it lengthens probe chains: measured here on 2M buckets,
+CPU per lookup of a held key ~10% and of a missing key ~30%-65% above load 0.55 at
+loads 0.8-0.9), which gives growth room without passing ~1.3x. A table's kernel
+counts every key of an insert as new (updates too), so a shard always keeps room for
+one step's inserts: a small table that a step's keys cover is held at ~1.1x-1.3x
+(keys + a step's keys).
+
+Cost, measured (docs/performance.md, "Growing tables"): in a job whose every step
+brings 204,800 new keys until 20M, 22 layouts move each key ~6 times (the rule
+replayed in numpy; it gives the measured 1.21x); the whole job took 40% more CPU
+(76 -> 107 s; 10% at 2M keys) for 28% fewer bytes per key. Under parameter servers
+the check runs after each wave of chunks, so within a long wave a segment may still
+double; the check after it lays the shard out again.
 
 **Streaming rebuild.** A segment's export is its bucket arrays themselves, not a
 copy. A rebuild copies out one old segment's survivors at a time, already split by
@@ -39,29 +72,54 @@ from recflow.features.keys import DELETED_KEY, EMPTY_KEY, KEY_WIDTH, mixed
 SEGMENTS = 6
 MIN_BUCKETS = 1 << 4
 INITIAL_BUCKETS = 1 << 12  # per shard, all segments together
-MAX_LOAD = 0.8  # DenseHashTable doubles its buckets when an insert would pass this load
+MAX_LOAD = 0.9  # a segment's `max_load_factor`: it doubles when an insert would pass this load
+STOCK_LOAD = 0.8  # the `max_load_factor` of a `DenseHashTable` made by its own class (serving)
 MIN_LOAD = 0.5  # a shard whose load fell below this is resized at the next rebuild
+GROWTH_RATIO = 1.3  # a growth layout holds at most this many buckets per key (and step key)
 ROUTE_SHIFT, ROUTES = 47, 1 << 16  # a key's route: bits 47..62 of its mixed id, in [0, ROUTES)
 
 
-def segment_buckets(keys: int, headroom: int = 0, segments: int = SEGMENTS) -> list[int]:
+def segment_buckets(
+    keys: int, headroom: int = 0, segments: int = SEGMENTS, load: float = MAX_LOAD
+) -> list[int]:
     """Bucket counts of the segments in use (powers of two, largest first) for `keys + headroom`.
 
-    Their sum is the least number >= (keys + headroom + slack) / MAX_LOAD with at
-    most `segments - 1` bits set (one segment: one bit), so at most 1/2**(segments - 2)
-    above what the keys need. With more than one segment the top power of two is
-    split into two halves: no segment holds more than half the buckets, which bounds
-    what a streaming rebuild holds beside the table. The slack, 4 standard deviations
-    of a segment's share of the keys, keeps a segment from growing because its share
-    came out a little large.
+    Their sum is the least number >= (keys + headroom + slack) / load with at most
+    `segments - 1` bits set (one segment: one bit), so at most 1/2**(segments - 2)
+    above what the keys need. The slack, 4 standard deviations of each segment's
+    share of the keys, keeps a segment from growing because its share came out a
+    little large. `load`: the tables' `max_load_factor`.
     """
-    slack = 4 * np.sqrt(keys)
-    need = max(int(np.ceil((keys + headroom + slack) / MAX_LOAD)), MIN_BUCKETS)
+    need = max(int(np.ceil((keys + headroom + _slack(keys, segments)) / load)), MIN_BUCKETS)
     bits = max(segments - 1, 1)
     unit = MIN_BUCKETS
     while bin(-(-need // unit) * unit).count("1") > bits:
         unit *= 2
-    total = -(-need // unit) * unit
+    return _split_total(-(-need // unit) * unit, segments)
+
+
+def grow_buckets(keys: int, step: int, segments: int = SEGMENTS) -> list[int]:
+    """Segment bucket counts a growth layout gives a shard of `keys` keys whose steps insert
+    up to `step` keys: the largest sum <= `GROWTH_RATIO` x (keys + step) with at most
+    `segments - 1` bits set, but never less than `segment_buckets` with room for 1/16
+    more keys (so a layout is not redone a few steps later)."""
+    least = segment_buckets(keys, step + keys // 16, segments)
+    total = int(GROWTH_RATIO * (keys + step))
+    top = max(total.bit_length() - max(segments - 1, 1), MIN_BUCKETS.bit_length() - 1)
+    total = total >> top << top  # its `segments - 1` highest bits
+    return least if total <= sum(least) else _split_total(total, segments)
+
+
+def _slack(keys: int, segments: int) -> float:
+    """Room for 4 standard deviations of every segment's share of `keys` (`segment_layout`):
+    their sum is at most 4 sqrt(segments x keys)."""
+    return 4 * np.sqrt(segments * keys)
+
+
+def _split_total(total: int, segments: int) -> list[int]:
+    """The powers of two of `total`'s bits, largest first; with more than one segment the
+    top one split into two halves, so no segment holds more than half the buckets (which
+    bounds what a streaming rebuild holds beside the table)."""
     sizes = [1 << b for b in range(total.bit_length() - 1, -1, -1) if total >> b & 1]
     if segments > 1 and sizes[0] >= 2 * MIN_BUCKETS:
         sizes = [sizes[0] // 2] * 2 + sizes[1:]
@@ -104,11 +162,15 @@ def _emptier(dtype: tf.DType):
 def segment_layout(used: list[int], segments: int = SEGMENTS) -> tuple[list[int], np.ndarray]:
     """(buckets of every segment, upper route bound of each) for segments of sizes `used`.
 
-    A segment takes a share of the routes proportional to its buckets; the
-    segments past `used` get `MIN_BUCKETS` and no route.
+    A segment takes a share of the routes proportional to what it holds at load
+    `MAX_LOAD` less 4 standard deviations of that (its keys are a random share), so
+    a small segment fills no sooner than a large one; the segments past `used` get
+    `MIN_BUCKETS` and no route.
     """
     sizes = list(used) + [MIN_BUCKETS] * (segments - len(used))
-    weights = np.array(list(used) + [0] * (segments - len(used)), np.float64)
+    full = MAX_LOAD * np.array(used, np.float64)
+    room = np.maximum(full - 4 * np.sqrt(full), full / 4)
+    weights = np.concatenate([room, np.zeros(segments - len(used))])
     bounds = np.floor(np.cumsum(weights) / weights.sum() * ROUTES).astype(np.int64)
     bounds[len(used) - 1 :] = ROUTES
     return sizes, bounds
@@ -132,6 +194,35 @@ def _segment_by(routes: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
         tf.bitwise.right_shift(mixed(keys), tf.constant(ROUTE_SHIFT, tf.int64)), ROUTES - 1
     )
     return tf.cast(tf.searchsorted(routes, route, side="right"), tf.int32)
+
+
+class Segment(tf.lookup.experimental.DenseHashTable):
+    """A `DenseHashTable` whose kernel doubles its buckets past `MAX_LOAD`, not 0.8.
+
+    The only change is the `max_load_factor` attr of the `MutableDenseHashTableV2` op
+    the class creates (its own constructor always leaves the default): a standard
+    attr, so a SavedModel of such a table loads in stock TensorFlow. `load` is the
+    attr (the serving tables keep `STOCK_LOAD`).
+    """
+
+    def __init__(self, *args, load: float = MAX_LOAD, **kwargs):
+        self._max_load = load
+        super().__init__(*args, **kwargs)
+
+    def _create_resource(self):
+        table = tf.raw_ops.MutableDenseHashTableV2(
+            empty_key=tf.convert_to_tensor(self._empty_key, self._key_dtype),
+            deleted_key=tf.convert_to_tensor(self._deleted_key, self._key_dtype),
+            value_dtype=self._value_dtype,
+            shared_name=self._shared_name or "",
+            use_node_name_sharing=self._checkpoint and self._shared_name is None,
+            value_shape=self._value_shape,
+            initial_num_buckets=self._initial_num_buckets,
+            max_load_factor=self._max_load,
+            name=self._name,
+        )
+        self._table_name = None if tf.executing_eagerly() else table.op.name.split("/")[-1]
+        return table
 
 
 class ShardedTable(tf.Module):
@@ -171,6 +262,7 @@ class ShardedTable(tf.Module):
             even = 1 << (segments.bit_length() - 1)  # a power of two of equal segments
             used = [INITIAL_BUCKETS // even] * even
         sizes, routes = segment_layout(used, segments)
+        self._initial = sum(sizes)  # buckets of a new shard: growth never lays one out smaller
         base = name.replace(".", "_")
         self.shards = []
         self.routes = []  # per shard: upper route bound of each segment [segments] int64
@@ -178,7 +270,7 @@ class ShardedTable(tf.Module):
             with tf.device(placement.device(i)):
                 self.shards.append(
                     [
-                        tf.lookup.experimental.DenseHashTable(
+                        Segment(
                             key_dtype=tf.int64,
                             value_dtype=dtype,
                             default_value=default,
@@ -192,6 +284,8 @@ class ShardedTable(tf.Module):
                 )
             with variables_on(placement.device(i)):
                 self.routes.append(tf.Variable(routes, trainable=False, name=f"{base}_routes_{i}"))
+        # A plain object: its variables stay out of `variables` and checkpoints.
+        self._watch = _Watch(self, base)
 
     @property
     def num_shards(self) -> int:
@@ -224,6 +318,7 @@ class ShardedTable(tf.Module):
 
     def insert_shard(self, i: int, keys: tf.Tensor, values: tf.Tensor) -> list:
         with tf.device(self.placement.device(i)):
+            self._watch.saw(i, tf.shape(keys, tf.int64)[0])
             segment = self._segment_of(i, keys)
             key_parts, _ = self._split(keys, segment, self.segments)
             value_parts = tf.dynamic_partition(values, segment, self.segments)
@@ -276,24 +371,34 @@ class ShardedTable(tf.Module):
 
         `keep[j]` is a bool per row segment `j` holds, in `segment_rows` order;
         `headroom` is room kept for one step's new keys; the keys of the rows not
-        kept are appended to `dropped` when given. Streams (module docstring): each
-        old segment's kept rows are copied out, split by their new segment, and the
-        old segment is emptied before the next; then each new segment, largest first,
-        is emptied at its new size and filled. A new segment receives its keys in
-        the order the old segments held them, as one insert of them all would.
+        kept are appended to `dropped` when given.
         """
         with tf.device(self.placement.device(i)):
             survivors = sum(int(tf.math.count_nonzero(k)) for k in keep)
-            sizes, routes = segment_layout(
-                segment_buckets(survivors, headroom, self.segments), self.segments
-            )
+        self._relayout(i, segment_buckets(survivors, headroom, self.segments), keep, dropped)
+
+    def _relayout(
+        self, i: int, used: list[int], keep: list | None = None, dropped: list | None = None
+    ) -> None:
+        """Lays shard `i` out in segments of `used` buckets, keeping the rows where `keep`
+        is true (None: every row), the keys of the others appended to `dropped` (eager).
+
+        Streams (module docstring): each old segment's kept rows are copied out, split
+        by their new segment, and the old segment is emptied before the next; then each
+        new segment, largest first, is emptied at its new size and filled. A new segment
+        receives its keys in the order the old segments held them, as one insert of them
+        all would.
+        """
+        with tf.device(self.placement.device(i)):
+            sizes, routes = segment_layout(used, self.segments)
             new_routes = tf.constant(routes)
             pieces = [[] for _ in sizes]  # per new segment: (keys, values), old segment order
             for j, table in enumerate(self.shards[i]):
                 keys, values, held = self._held(i, j)
-                if dropped is not None:
-                    dropped.append(tf.gather(keys, tf.boolean_mask(held, ~keep[j])))
-                held = tf.boolean_mask(held, keep[j])
+                if keep is not None:
+                    if dropped is not None:
+                        dropped.append(tf.gather(keys, tf.boolean_mask(held, ~keep[j])))
+                    held = tf.boolean_mask(held, keep[j])
                 target = _segment_by(new_routes, tf.gather(keys, held))
                 for m, part in enumerate(tf.dynamic_partition(held, target, self.segments)):
                     if int(tf.size(part)):
@@ -308,9 +413,39 @@ class ShardedTable(tf.Module):
                     table.insert(keys, values)
                 pieces[m] = None
 
+    def grow(self) -> int:
+        """Lays out again each shard that the next step's inserts could make double a
+        segment, or that holds more buckets than a growth layout would (a segment
+        doubled anyway); returns the keys moved (eager; module docstring, "Growth").
+
+        A step's inserts are bounded by the largest insert the shard took since the
+        last call or the one before (so a short last batch of an epoch does not shrink
+        a shard the next full batch would grow again); a shard that took none is left
+        alone. Call it between steps only: a step running meanwhile could write a key
+        into the segment it left.
+        """
+        moved = 0
+        for i, (largest, held, buckets, shares) in enumerate(self._watch.read()):
+            if largest == 0:
+                continue
+            step = max(largest, self._watch.previous[i])
+            self._watch.previous[i] = largest
+            keys = int(held.sum())
+            # What one insert of `step` keys may bring each segment: its share and 4 sigma.
+            inserts = shares * step + 4 * np.sqrt(shares * step)
+            full = np.any(held + inserts > MAX_LOAD * buckets)
+            used = grow_buckets(keys, step, self.segments)
+            largest = sum(segment_layout(used, self.segments)[0])  # the segments out of use too
+            if full or buckets.sum() > max(largest, self._initial):
+                self._relayout(i, used)
+                moved += keys
+        return moved
+
     def reset_shard(self, i: int, keys: int, headroom: int = 0) -> None:
         """Empties shard `i`, its segments sized for `keys` keys and `headroom` more (eager)."""
-        sizes, routes = segment_layout(segment_buckets(keys, headroom, self.segments), self.segments)
+        sizes, routes = segment_layout(
+            segment_buckets(keys, headroom, self.segments), self.segments
+        )
         with tf.device(self.placement.device(i)):
             for table, size in zip(self.shards[i], sizes):
                 empty_buckets(table, size, self.width, self.value_dtype)
@@ -365,3 +500,52 @@ class ShardedTable(tf.Module):
 
     def size(self) -> tf.Tensor:
         return tf.add_n([t.size() for shard in self.shards for t in shard])
+
+
+class _Watch:
+    """Per shard of a `ShardedTable`, on its device: the largest insert it took since the
+    last `read`, and a function that reads that and every segment's keys and buckets.
+
+    Not checkpointed: after a restore the first step's inserts are not foreseen (a
+    segment may double once; the next `ShardedTable.grow` lays the shard out again).
+    """
+
+    def __init__(self, table: ShardedTable, base: str):
+        self.table = table
+        self.largest = []
+        for i in range(table.num_shards):
+            with variables_on(table.placement.device(i)):
+                self.largest.append(
+                    tf.Variable(
+                        tf.constant(0, tf.int64), trainable=False, name=f"{base}_largest_{i}"
+                    )
+                )
+        self.previous = [0] * table.num_shards  # per shard: the largest insert `grow` read last
+        self._read = None
+
+    def saw(self, i: int, n: tf.Tensor) -> None:
+        """Records an insert of `n` keys into shard `i` (in the step; on its device)."""
+        self.largest[i].assign(tf.maximum(self.largest[i], n))
+
+    def read(self) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per shard: (largest insert since the last read, keys of each segment, buckets of
+        each segment, each segment's share of the routes); resets the largest insert."""
+        if self._read is None:
+            self._read = tf.function(self._stats, autograph=False)
+        out = []
+        for step, held, buckets, routes in self._read():
+            bounds = np.concatenate([[0], routes.numpy()])
+            out.append((int(step), held.numpy(), buckets.numpy(), np.diff(bounds) / ROUTES))
+        return out
+
+    def _stats(self):
+        table, out = self.table, []
+        for i in range(table.num_shards):
+            with tf.device(table.placement.device(i)):
+                step = self.largest[i].read_value()
+                with tf.control_dependencies([step]):
+                    self.largest[i].assign(tf.zeros_like(step))
+                held = tf.stack([t.size() for t in table.shards[i]])
+                buckets = tf.stack([tf.shape(t.export()[0], tf.int64)[0] for t in table.shards[i]])
+                out.append((step, held, buckets, table.routes[i].read_value()))
+        return out

@@ -31,7 +31,7 @@ import yaml
 
 from recflow.atomic import staged_dir, write_json
 from recflow.config.convert import to_dict
-from recflow.embedding.table import empty_buckets, segment_buckets
+from recflow.embedding.table import STOCK_LOAD, empty_buckets, segment_buckets
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY, raw_keys
 from recflow.features.transform import serving_dtype
 from recflow.models import identity
@@ -217,8 +217,9 @@ def dense_weights(model: RankingModel) -> list[tf.Variable]:
 
 
 def serving_buckets(keys: int) -> int:
-    """The fewest buckets (a power of two) that hold `keys` without growing."""
-    return segment_buckets(keys, segments=1)[0]
+    """The fewest buckets (a power of two) that hold `keys` without growing (a stock
+    `DenseHashTable`: it doubles past `STOCK_LOAD`)."""
+    return segment_buckets(keys, segments=1, load=STOCK_LOAD)[0]
 
 
 def existing_versions(export_dir: str) -> list[int]:

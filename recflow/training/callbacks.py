@@ -18,9 +18,11 @@ passes a multiple of N (`crossed`); a schedule of every S seconds
 `export.delta_every_seconds`, for streams that never end) fires at the first step
 end S seconds or more after it last fired (or after training began).
 
-The built-in schedule runs, after a step: eviction -> delta -> export ->
-checkpoint. Each built-in callback acts on the run's `ModelDir`
-(`recflow.training.model_dir`), never on the trainer. Eviction comes first so a delta holds only surviving rows; the
+The built-in schedule runs, after a step: eviction -> table growth -> delta ->
+export -> checkpoint. Each built-in callback acts on the run's `ModelDir`
+(`recflow.training.model_dir`) or its tables, never on the trainer. Eviction
+comes first so a delta holds only surviving rows (and growth sees the shards
+eviction left); the
 checkpoint comes last, so a kill anywhere before it replays from the previous
 checkpoint and rewrites this step's delta and export, and the checkpoint
 records the delta's step, so a resume continues the delta chain exactly.
@@ -102,6 +104,22 @@ class EvictionCallback(_Scheduled):
     def on_train_batch_end(self, batch, logs=None):
         if self.schedule.due(logs["previous_step"], batch):
             self.model_dir.evict()
+
+
+class GrowthCallback(keras.callbacks.Callback):
+    """After every step (every wave of PS chunks), lays out again the table shards that the
+    next step's inserts could make double a segment (`EmbeddingEngine.grow`), so a
+    growing table keeps about 1.1x-1.3x the buckets of its keys
+    (`recflow.embedding.table`, "Growth")."""
+
+    def __init__(self, engine: EmbeddingEngine):
+        super().__init__()
+        self.engine = engine
+
+    def on_train_batch_end(self, batch, logs=None):
+        moved = self.engine.grow()
+        if moved:
+            logger.debug("step %d: tables grown, keys moved %s", batch, moved)
 
 
 class DeltaCallback(_Scheduled):
@@ -260,12 +278,13 @@ def write_evaluation(logs_dir: str, step: int, result: dict) -> None:
 def default_callbacks(
     model_dir: ModelDir, config: Config, engine: EmbeddingEngine
 ) -> list[keras.callbacks.Callback]:
-    """The built-in schedule of `config`, in the order it must run: evict, delta,
-    export, checkpoint, log (the table counts of `engine`)."""
+    """The built-in schedule of `config`, in the order it must run: evict, grow the
+    tables, delta, export, checkpoint, log (the table counts of `engine`)."""
     train, export = config.train, config.export
     checkpoint = Schedule(train.checkpoint_every_steps, train.checkpoint_every_seconds)
     return [
         EvictionCallback(model_dir, checkpoint),
+        GrowthCallback(engine),
         DeltaCallback(model_dir, Schedule(export.delta_every_steps, export.delta_every_seconds)),
         ExportCallback(model_dir, Schedule(export.every_steps, export.every_seconds)),
         CheckpointCallback(model_dir, checkpoint),
