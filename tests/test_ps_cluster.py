@@ -12,9 +12,11 @@ import numpy as np
 from conftest import items, small
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-STEPS, EVERY, TTL = 240, 40, 60
+# Kills after the checkpoints of steps EVERY and 3 * EVERY; the 2 * EVERY steps after the
+# second kill keep the run going until the launcher has seen it.
+STEPS, EVERY, TTL = 80, 16, 24
 SETTINGS = items(small({
-    # 240 steps stay inside the first pass (each row is read once per epoch), where
+    # 80 steps stay inside the first pass (each row is read once per epoch), where
     # about half the users are seen once: they wait for admission.
     "data.synthetic": {"rows": 20000, "eval_rows": 500, "seed": 11, "schema": "demo"},
     "data.batch_size": 64,
@@ -79,10 +81,9 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
     for name in ("chief-0", "ps-0", "ps-1", "worker-0", "worker-1"):
         assert (model_dir / "logs" / f"{name}.log").exists()
 
-    tables = json.loads(
-        subprocess.run([sys.executable, "-m", "recflow.cli", "tables", str(model_dir), "--json"],
-                       env=ENV, check=True, capture_output=True, text=True).stdout
-    )["tables"]
+    from test_resume_and_stream import tables_report  # pytest puts tests/ on sys.path
+
+    tables = tables_report(model_dir)
     for name in ("user", "item"):
         shards = tables[name]["shards"]
         assert len(shards) == 2 and min(shards) > 0, (name, shards)

@@ -193,20 +193,21 @@ CLUSTER = {**SMALL, "train.checkpoint_every_steps": 4}
 
 
 def _train(model_dir, steps: int, ps: int) -> None:
-    """`recflow launch` with `ps` PS tasks and one worker, or `recflow train` when ps is 0."""
-    settings = sets({**CLUSTER, "train.steps": steps})
+    """`recflow launch` with `ps` PS tasks and one worker, or, when ps is 0, one process:
+    `recflow.api.train` in this one (what `recflow train` runs)."""
+    overrides = {**CLUSTER, "train.steps": steps}
     if ps:
-        command = ["launch", CONFIG, "--ps", str(ps), "--workers", "1"]
+        command = ["launch", CONFIG, "--ps", str(ps), "--workers", "1", "--model-dir", str(model_dir)]
+        done = subprocess.run(
+            [sys.executable, "-m", "recflow.cli", *command, *sets(overrides)],
+            env=ENV,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
     else:
-        command = ["train", CONFIG]
-    done = subprocess.run(
-        [sys.executable, "-m", "recflow.cli", *command, "--model-dir", str(model_dir), *settings],
-        env=ENV,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+        recflow.api.train(CONFIG, model_dir=str(model_dir), overrides=overrides)
     assert json.loads((model_dir / "metrics.json").read_text())["steps"] == steps
 
 

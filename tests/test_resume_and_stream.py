@@ -1,5 +1,7 @@
 """Process-boundary tests: SIGKILL then resume, and online learning with --follow."""
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -10,6 +12,8 @@ import time
 import numpy as np
 import yaml
 
+import recflow.api as recflow_api
+from recflow.cli import main
 from recflow.data.writer import write_columns
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
@@ -19,17 +23,23 @@ def recflow(*args, **kwargs):
     return subprocess.Popen([sys.executable, "-m", "recflow.cli", *args], env=ENV, **kwargs)
 
 
+def tables_report(model_dir) -> dict:
+    """What `recflow tables --json` prints for `model_dir`, per logical table (run in this
+    process: what it reads is the model dir, not the process)."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["tables", str(model_dir), "--json"]) == 0
+    return json.loads(out.getvalue())["tables"]
+
+
 def tables(model_dir):
-    out = subprocess.run(
-        [sys.executable, "-m", "recflow.cli", "tables", str(model_dir), "--json"],
-        env=ENV, check=True, capture_output=True, text=True,
-    ).stdout
-    return {name: t["keys"] for name, t in json.loads(out)["tables"].items()}
+    """Keys per logical table."""
+    return {name: t["keys"] for name, t in tables_report(model_dir).items()}
 
 
-# Killed after the checkpoint of step 80, the resumed run trains 170 more steps, past the
-# user ttl of 150: rows idle since before the kill are evicted after the resume.
-KILL_STEPS = 250
+# Killed after the checkpoint of step 32, the resumed run trains 68 more steps, past the
+# user ttl of 60: rows idle since before the kill are evicted after the resume.
+KILL_STEPS = 100
 
 
 def kill_config(tmp_path, model_dir):
@@ -38,10 +48,10 @@ def kill_config(tmp_path, model_dir):
         "data.batch_size=32",
         "train.epochs=null",
         f"train.steps={KILL_STEPS}",
-        "train.checkpoint_every_steps=40",
+        "train.checkpoint_every_steps=16",
         "export.at_end=false",  # the runs are compared by their tables and rows
         "tables.item.admission={min_count: 3}",
-        "tables.user.eviction={ttl_steps: 150}",
+        "tables.user.eviction={ttl_steps: 60}",
         "model.params={dnn: {hidden_units: [8]}}",
         f"train.model_dir={model_dir}",
     ]
@@ -53,7 +63,7 @@ def test_sigkill_after_second_checkpoint_then_resume_matches_uninterrupted(tmp_p
     assert recflow(*kill_config(tmp_path, whole)).wait(timeout=600) == 0
 
     proc = recflow(*kill_config(tmp_path, killed), stdout=subprocess.DEVNULL)
-    second = killed / "checkpoints" / "ckpt-80.index"
+    second = killed / "checkpoints" / "ckpt-32.index"
     deadline = time.time() + 300
     while not second.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.01)
@@ -71,16 +81,17 @@ def test_sigkill_after_second_checkpoint_then_resume_matches_uninterrupted(tmp_p
 
 def test_a_finished_run_given_more_epochs_trains_exactly_the_new_pass(tmp_path):
     """The final checkpoint holds no input position (no pipeline is built after the last
-    pass): the next pass starts at its beginning, as in one run of all the epochs."""
+    pass): the next pass starts at its beginning, as in one run of all the epochs.
+    In this process (`recflow train` calls `recflow.api.train`): what the second run
+    reads is the model dir."""
     def run(model_dir, epochs):
         settings = [
             "data.synthetic={rows: 2000, eval_rows: 200, seed: 4, schema: demo}",
             "data.batch_size=64", f"train.epochs={epochs}", "train.checkpoint_every_steps=null",
-            "model.params={dnn: {hidden_units: [8]}}", f"train.model_dir={model_dir}",
+            "model.params={dnn: {hidden_units: [8]}}",
             "export.at_end=false",  # compared by rows
         ]
-        args = ["train", "configs/deepfm_demo.yaml", "--quiet"] + [a for o in settings for a in ("--set", o)]
-        assert recflow(*args, stdout=subprocess.DEVNULL).wait(timeout=600) == 0
+        recflow_api.train("configs/deepfm_demo.yaml", model_dir=str(model_dir), overrides=settings)
         return json.loads((model_dir / "metrics.json").read_text())
 
     whole, extended = tmp_path / "whole", tmp_path / "extended"
