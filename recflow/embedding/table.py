@@ -435,8 +435,8 @@ class ShardedTable(tf.Module):
             inserts = shares * step + 4 * np.sqrt(shares * step)
             full = np.any(held + inserts > MAX_LOAD * buckets)
             used = grow_buckets(keys, step, self.segments)
-            largest = sum(segment_layout(used, self.segments)[0])  # the segments out of use too
-            if full or buckets.sum() > max(largest, self._initial):
+            laid_out = sum(segment_layout(used, self.segments)[0])  # the segments out of use too
+            if full or buckets.sum() > max(laid_out, self._initial):
                 self._relayout(i, used)
                 moved += keys
         return moved

@@ -170,10 +170,9 @@ class ServingModule(tf.Module):
                 for table, (slots, table_names, dim) in zip(self.tables, tables):
                     evicted = _served_keys([delta[f"{n}/evicted"] for n in table_names], slots)
                     table.insert(evicted, tf.zeros(tf.stack([tf.shape(evicted)[0], dim])))
-                    values = [delta[f"{n}/values"] for n in table_names]
                     table.insert(
                         _served_keys([delta[f"{n}/ids"] for n in table_names], slots),
-                        values[0] if len(values) == 1 else tf.concat(values, 0),
+                        tf.concat([delta[f"{n}/values"] for n in table_names], 0),
                     )
                 for variable, part in zip(weights, tf.split(delta["dense"], sizes) if sizes else []):
                     variable.assign(tf.reshape(part, variable.shape))
@@ -195,8 +194,6 @@ class ServingModule(tf.Module):
 def _served_keys(ids: list[tf.Tensor], slots: list[int]) -> tf.Tensor:
     """The keys [n, 2] in a serving table, (slot, raw id), of the raw ids `ids[i]` [n_i]
     of logical table `slots[i]`, concatenated."""
-    if len(ids) == 1:
-        return tf.stack([tf.fill(tf.shape(ids[0]), tf.constant(slots[0], tf.int64)), ids[0]], axis=1)
     sizes = tf.stack([tf.size(i, out_type=tf.int64) for i in ids])
     return tf.stack([tf.repeat(tf.constant(slots, tf.int64), sizes), tf.concat(ids, 0)], axis=1)
 

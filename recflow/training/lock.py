@@ -30,9 +30,6 @@ from recflow.layout import Layout
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
-
-
 @contextlib.contextmanager
 def writer(model_dir: str, command: str) -> Iterator[None]:
     """Holds the writer lock of `model_dir` for the block (`command` names the holder
@@ -69,8 +66,8 @@ def writer_lock(model_dir: str, command: str) -> Iterator[None]:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except PermissionError:
         raise RecflowError(
-            f"{model_dir}: not writable (permission denied on {LOCK_FILE}); train, evaluate and "
-            "export write the model dir: use one you can write, or copy it"
+            f"{model_dir}: not writable (permission denied on {os.path.basename(path)}); train, "
+            "evaluate and export write the model dir: use one you can write, or copy it"
         ) from None
     try:
         try:
