@@ -31,6 +31,24 @@ def fingerprint_ids(strings) -> list[int]:
     return out
 
 
+# ----------------------------------------------------------------------------- test order
+
+# The modules that take longest (real clusters, kill-and-resume runs, a stateful model
+# test), longest first. pytest-xdist hands whole modules to its two workers in collection
+# order (`--dist loadfile --no-loadscope-reorder` in pyproject.toml): started first, they
+# leave the short modules to fill the end, and both workers finish together.
+LONGEST_FIRST = (
+    "test_reshard", "test_ps_cluster", "test_signals", "test_ps_input", "test_cache",
+    "test_kafka", "test_resume_and_stream", "test_faults", "test_zoo", "test_store_model",
+    "test_prefetch", "test_end_to_end", "test_serve", "test_growth", "test_ps_step_graph",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
+
+
 # ----------------------------------------------------------------------------- the demo at test size
 
 DEMO = "configs/deepfm_demo.yaml"

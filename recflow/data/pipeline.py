@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from recflow.config.schema import Config
 from recflow.data import csv, parquet, sources, synthetic, tfrecord
-from recflow.data.records import batched, finish, outputs, typed, unique
+from recflow.data.records import batched, finish, outputs, parse_key, reused, typed, unique
 from recflow.errors import DataError
 
 _READERS = {"csv": csv, "tfrecord": tfrecord, "parquet": parquet}
@@ -115,15 +115,18 @@ def synthetic_dataset(
     uses = unique(sources.needs(config))
     where = f"synthetic schema '{config.data.synthetic.schema}'"
     # Shuffle and batch row indices, then gather whole batches: no per-row tensors.
-    data = {c: tf.constant(np.asarray(columns[c])) for c in {u.column for u in uses}}
+    data = {c: tf.constant(np.asarray(columns[c])) for c in sorted({u.column for u in uses})}
     rows = len(next(iter(columns.values())))
     ds = batched(tf.data.Dataset.range(rows), config.data, shuffle=shuffle, epochs=epochs)
 
-    def convert(index):
-        decoded = {u.key: typed(tf.gather(data[u.column], index), u, where) for u in uses}
+    def parse(batch):
+        decoded = {u.key: typed(batch[u.column], u, where) for u in uses}
         return outputs(config, decoded, tf.constant(0, tf.int64))
 
-    return finish(ds, convert)
+    # The parse captures nothing, so a run's epochs and its evaluation trace it once.
+    specs = {c: (t.dtype.name, t.shape.rank) for c, t in data.items()}
+    parse = reused(parse, parse_key(config, "synthetic", repr(specs)))
+    return finish(ds, lambda index: parse({c: tf.gather(t, index) for c, t in data.items()}))
 
 
 def first_bad_record(config: Config, files: Sequence[str]) -> str | None:

@@ -239,13 +239,14 @@ def reused(fn: Callable, key: tuple) -> Callable:
 
 def parse_key(config: Config, reader: str, *parts) -> tuple:
     """What a reader's parse function depends on: its name, `parts` (e.g. the CSV
-    header), and the config less the fields that only choose, order and batch the
-    records (file patterns, seed, shuffling, batch size; a parse function sees a batch
-    of any size)."""
+    header), and the sections of the config a parse reads (data, features, task: the
+    columns and how to read them) less the fields that only choose, order and batch
+    the records (file patterns, seed, shuffling, batch size; a parse function sees a
+    batch of any size). Runs that differ in anything else share their parse traces."""
     data = dataclasses.replace(
         config.data, train=None, eval=None, seed=0, shuffle=False, shuffle_buffer=0, batch_size=0
     )
-    return (reader, repr(dataclasses.replace(config, data=data)), *parts)
+    return (reader, repr(data), repr(config.features), repr(config.task), *parts)
 
 
 def plain(fn: Callable) -> Callable:

@@ -371,11 +371,24 @@ class ShardedTable(tf.Module):
 
         `keep[j]` is a bool per row segment `j` holds, in `segment_rows` order;
         `headroom` is room kept for one step's new keys; the keys of the rows not
-        kept are appended to `dropped` when given.
+        kept are appended to `dropped` when given. A shard that keeps every row and is
+        already laid out as its survivors would be is left as it is (a rebuild at each
+        checkpoint rewrites only the shards that change).
         """
         with tf.device(self.placement.device(i)):
+            held = [int(tf.size(k)) for k in keep]
             survivors = sum(int(tf.math.count_nonzero(k)) for k in keep)
-        self._relayout(i, segment_buckets(survivors, headroom, self.segments), keep, dropped)
+        used = segment_buckets(survivors, headroom, self.segments)
+        if survivors == sum(held) and self._laid_out(i, used):
+            return
+        self._relayout(i, used, keep, dropped)
+
+    def _laid_out(self, i: int, used: list[int]) -> bool:
+        """Whether shard `i`'s segments and routes are those of the layout `used` (eager)."""
+        sizes, routes = segment_layout(used, self.segments)
+        with tf.device(self.placement.device(i)):
+            now = [int(tf.shape(self._buckets(i, j)[0])[0]) for j in range(self.segments)]
+            return now == sizes and np.array_equal(self.routes[i].numpy(), routes)
 
     def _relayout(
         self, i: int, used: list[int], keep: list | None = None, dropped: list | None = None
