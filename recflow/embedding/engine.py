@@ -494,8 +494,11 @@ class EmbeddingEngine(tf.Module):
             trainable = tf.logical_not(new_unadmitted)
             # A key admitted now carries its earlier sightings into the row.
             count = tf.where(exists, count, seen - part.counts)
-        initial = table.initial_embeddings(n, step, shard)
-        emb = tf.where(exists[:, None], emb, initial)
+        # Random initial values for the new rows only (in a later step most rows exist).
+        new = tf.where(tf.logical_not(exists))
+        emb = tf.tensor_scatter_nd_update(
+            emb, new, table.initial_embeddings(tf.size(new, tf.int32), step, shard)
+        )
         emb = tf.where(trainable[:, None], emb, tf.zeros_like(emb))
         slots = tf.where(exists[:, None], slots, table.optimizer.initial_slots(n, table.spec.dim))
         return _ShardStep(part.keys, part.counts, emb, slots, count, trainable, new_unadmitted)
