@@ -240,3 +240,34 @@ def test_expected_keys_sizes_the_table_up_front():
     rows.insert(keys, tf.ones([50_000, model.embedding.physical_tables[0].layout.width]))
     assert rows.num_buckets(0) == before  # the keys fit without growing
     assert int(rows.size()) == 50_000
+
+
+def test_a_new_row_draws_the_initializer_whatever_known_keys_share_its_batch():
+    """New rows take `initializer` values; rows that exist keep theirs; a new key's row
+    does not depend on which known keys share its batch (one draw for the new rows)."""
+    from recflow.embedding.engine import EmbeddingEngine
+
+    config = make_config(tables={"t": {
+        "dim": 3, "optimizer": {"type": "sgd"},
+        "initializer": {"type": "uniform", "minval": 2.0, "maxval": 3.0},
+    }})
+
+    def rows_after(batches):
+        engine = EmbeddingEngine(config)
+        for step, ids in enumerate(batches, start=1):
+            states = engine.prepare({"item": tf.constant(ids, tf.int64)}, tf.constant(step, tf.int64))
+            engine.apply(states, [None], tf.constant(step, tf.int64))  # no gradient: rows stay
+        got = engine.logical_rows()["t"]
+        return {int(k): e for k, e in zip(got.ids, got.emb)}
+
+    first = rows_after([[1, 2, 3]])
+    assert sorted(first) == [1, 2, 3]
+    values = np.stack(list(first.values()))
+    assert ((values >= 2.0) & (values < 3.0)).all() and len({tuple(v) for v in values}) == 3
+    alone = rows_after([[1, 2, 3], [9]])
+    shared = rows_after([[1, 2, 3], [1, 9, 2, 3]])
+    for key in (1, 2, 3):  # known rows unchanged by the second step
+        np.testing.assert_array_equal(alone[key], first[key])
+        np.testing.assert_array_equal(shared[key], first[key])
+    np.testing.assert_array_equal(shared[9], alone[9])
+    assert ((alone[9] >= 2.0) & (alone[9] < 3.0)).all()
