@@ -387,8 +387,7 @@ class ShardedTable(tf.Module):
         """Whether shard `i`'s segments and routes are those of the layout `used` (eager)."""
         sizes, routes = segment_layout(used, self.segments)
         with tf.device(self.placement.device(i)):
-            now = [int(tf.shape(self._buckets(i, j)[0])[0]) for j in range(self.segments)]
-            return now == sizes and np.array_equal(self.routes[i].numpy(), routes)
+            return self.segment_sizes(i) == sizes and np.array_equal(self.routes[i].numpy(), routes)
 
     def _relayout(
         self, i: int, used: list[int], keep: list | None = None, dropped: list | None = None
@@ -464,10 +463,14 @@ class ShardedTable(tf.Module):
                 empty_buckets(table, size, self.width, self.value_dtype)
             self.routes[i].assign(routes)
 
+    def segment_sizes(self, i: int) -> list[int]:
+        """Buckets of each segment of shard `i` (eager; copies nothing)."""
+        with tf.device(self.placement.device(i)):
+            return [int(tf.shape(self._buckets(i, j)[0])[0]) for j in range(self.segments)]
+
     def num_buckets(self, i: int) -> int:
         """Buckets of shard `i`, all segments (eager; copies nothing)."""
-        with tf.device(self.placement.device(i)):
-            return sum(int(tf.shape(self._buckets(i, j)[0])[0]) for j in range(self.segments))
+        return sum(self.segment_sizes(i))
 
     # ------------------------------------------------------------------ every shard
 

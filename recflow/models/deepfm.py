@@ -41,19 +41,19 @@ class DeepFM(RankingModel):
         logit = self.first_order_logit(inputs)
         if numeric is not None:
             logit += self.numeric_linear(numeric)
-        by_dim = defaultdict(list)
-        for field in fields:
-            by_dim[field.shape[-1]].append(field)
-        if len(by_dim) == 1 and len(fields) > 1:
-            # One dim: the FM's [B, fields, dim] stack, flattened, is the DNN's field input
-            # (the same values in the same order as their concat), assembled once.
-            stacked = tf.stack(fields, axis=1)
-            if self.fm is not None:
+        if self.fm is not None:
+            by_dim = defaultdict(list)
+            for field in fields:
+                by_dim[field.shape[-1]].append(field)
+            if len(by_dim) == 1 and len(fields) > 1:
+                # One dim: the FM's [B, fields, dim] stack, flattened, is the DNN's field
+                # input (the same values in the same order as their concat), built once.
+                stacked = tf.stack(fields, axis=1)
                 logit += self.fm(stacked)
-            fields = [tf.reshape(stacked, [-1, stacked.shape[1] * stacked.shape[2]])]
-        elif self.fm is not None:
-            for group in by_dim.values():
-                if len(group) > 1:
-                    logit += self.fm(tf.stack(group, axis=1))
+                fields = [tf.reshape(stacked, [-1, stacked.shape[1] * stacked.shape[2]])]
+            else:
+                for group in by_dim.values():
+                    if len(group) > 1:
+                        logit += self.fm(tf.stack(group, axis=1))
         deep_in = tf.concat(fields + ([numeric] if numeric is not None else []), axis=1)
         return logit + self.dnn(deep_in, training=training)
