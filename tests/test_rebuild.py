@@ -20,7 +20,11 @@ DIM, TTL, STEP, N = 3, 50, 100, 6000
 EXTREMES = np.array([0, 1, -1, -(2**63), 2**63 - 1, 5 + 2**55], np.int64)
 
 
-def make_engine(shards: int, max_keys: int | None, expected_keys: int = 16) -> EmbeddingEngine:
+def make_engine(
+    shards: int, max_keys: int | None, expected_keys: int = 16, traced: bool = False
+) -> EmbeddingEngine:
+    """`traced`: the shards are placed on a named device, as on parameter servers, so the
+    rebuild and counts run as traced functions (`ShardedTable.on_shard`), not eagerly."""
     eviction = {"ttl_steps": TTL}
     if max_keys is not None:
         eviction["max_keys"] = max_keys
@@ -39,7 +43,8 @@ def make_engine(shards: int, max_keys: int | None, expected_keys: int = 16) -> E
             "model": {"type": "deepfm"},
         }
     )
-    return EmbeddingEngine(config, ModPlacement(shards))
+    devices = ["/device:CPU:0"] * shards if traced else None
+    return EmbeddingEngine(config, ModPlacement(shards, devices))
 
 
 def random_rows(seed: int = 0) -> dict:
@@ -128,10 +133,10 @@ def counter_contents(engine) -> dict:
     return out
 
 
-@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize(("shards", "traced"), [(1, False), (3, False), (3, True)])
 @pytest.mark.parametrize("max_keys", [None, 1500])
-def test_rebuild_keeps_exactly_the_survivors(shards, max_keys, tmp_path):
-    engine = make_engine(shards, max_keys)
+def test_rebuild_keeps_exactly_the_survivors(shards, traced, max_keys, tmp_path):
+    engine = make_engine(shards, max_keys, traced=traced)
     table = engine.physical_tables[0]
     rows = random_rows()
     rng = np.random.default_rng(1)
@@ -182,6 +187,35 @@ def test_rebuild_keeps_exactly_the_survivors(shards, max_keys, tmp_path):
     restored = make_engine(shards, max_keys)
     tf.train.Checkpoint(engine=restored).read(path).assert_consumed()
     assert_rows(restored, rows2, np.ones(rows["ids"].size, bool))
+
+
+def test_a_traced_rebuild_lays_out_every_bucket_as_the_eager_one():
+    """The rebuild as one traced function per shard (parameter servers) orders its
+    reads, empties and inserts as the eager one does: the same bucket arrays, bit for
+    bit, rows and counters, and the same evicted ids and counts."""
+    rows = random_rows(seed=5)
+    rng = np.random.default_rng(6)
+    waiting = np.setdiff1d(rng.integers(-(2**63), 2**63 - 1, 600, np.int64, True), rows["ids"])
+    waiting_last = rng.integers(1, STEP + 1, waiting.size).astype(np.int32)
+    results = []
+    for traced in (False, True):
+        engine = make_engine(2, 2000, traced=traced)
+        fill(engine, rows, waiting, waiting_last)
+        gone = engine.rebuild_tracked(STEP)
+        table = engine.physical_tables[0]
+        arrays = [
+            [t.numpy() for segment in part.shards[i] for t in segment.export()]
+            for part in (table.rows, table.counters)
+            for i in range(2)
+        ]
+        results.append((gone, arrays, engine.table_stats()))
+    (gone, arrays, stats), (gone_t, arrays_t, stats_t) = results
+    assert gone[0] == gone_t[0] and gone[1].keys() == gone_t[1].keys()
+    np.testing.assert_array_equal(gone[1]["t"], gone_t[1]["t"])
+    assert stats == stats_t
+    for shard, shard_t in zip(arrays, arrays_t):
+        for a, b in zip(shard, shard_t):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_rebuild_with_nothing_evicted_keeps_every_row():

@@ -26,7 +26,7 @@ from recflow.embedding.plan import plan_tables
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable
 from recflow.embedding.rows import KEY_BYTES, RowLayout
 from recflow.embedding.staging import Staging
-from recflow.embedding.table import MIN_LOAD, ShardedTable
+from recflow.embedding.table import ShardedTable, ShardHandles
 from recflow.errors import RecflowError
 from recflow.features.keys import (
     KEY_FORMAT,
@@ -34,7 +34,6 @@ from recflow.features.keys import (
     decode,
     encode,
     raw_keys,
-    slot_of,
     unique,
     unique_ids,
 )
@@ -166,14 +165,14 @@ class _PhysicalTable(tf.Module):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _keep(self, count: tf.Tensor, last: tf.Tensor, step: int) -> tf.Tensor:
+    def _keep(self, count: tf.Tensor, last: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
         """Which rows survive the eviction policy at `step` (on the shard's device)."""
         keep = tf.ones_like(count, tf.bool)
         policy = self.spec.eviction
         if policy is None:
             return keep
         if policy.ttl_steps is not None:
-            keep = last > step - policy.ttl_steps
+            keep = last > tf.cast(step, tf.int32) - policy.ttl_steps
         if policy.max_keys is not None:
             # Each shard keeps its share of max_keys: least frequent, then oldest, out first.
             limit = -(-policy.max_keys // self.rows.num_shards)
@@ -186,54 +185,79 @@ class _PhysicalTable(tf.Module):
             keep = tf.scatter_nd(top[:, None], tf.ones_like(top, tf.bool), tf.shape(keep))
         return keep
 
-    def rebuild_shard(self, shard: int, step: int, evicted: list | None = None) -> int:
-        """Applies eviction and drops stale counters by rebuilding the shard; returns rows evicted.
+    def _keep_rows(self, others: tuple, segments: list, step: tf.Tensor) -> list:
+        """The rows of each segment that survive eviction at `step` (a `Keep`): decided
+        over the whole shard from two int32 columns per row (sightings, last step)."""
+        meta = self.layout.dim + self.layout.slots_width
+        columns = [tf.gather(values[:, meta : meta + 2], held) for _, values, held in segments]
+        count, last = tf.unstack(tf.bitcast(tf.concat(columns, 0), tf.int32), axis=1)
+        return tf.split(self._keep(count, last, step), tf.stack([tf.shape(c)[0] for c in columns]))
+
+    def _keep_counters(self, others: tuple, segments: list, step: tf.Tensor) -> list:
+        """The admission counters that stay (a `Keep`; `others`: the rows' shard handles):
+        those of keys still without a row and, with a ttl, seen within it."""
+        keys = [tf.gather(k, held) for k, _, held in segments]
+        live = self.rowless(others[0], tf.concat(keys, 0))
+        ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
+        if ttl is not None:
+            last = tf.concat([tf.gather(values[:, 1], held) for _, values, held in segments], 0)
+            live = tf.logical_and(live, last > tf.cast(step, tf.int32) - ttl)
+        return tf.split(live, tf.stack([tf.shape(k)[0] for k in keys]))
+
+    def rebuild_shard(self, shard: int, step: int) -> tf.Tensor | None:
+        """Applies eviction and drops stale counters by rebuilding the shard; returns the
+        keys of the rows evicted (None when the rows were left as they are).
 
         Runs on the shard's device (its PS task): no row leaves it. The rows are
-        rebuilt when some are evicted or their load fell below `MIN_LOAD`; the
-        counters whenever they exist (admitted keys leave theirs behind). Both
-        stream segment by segment (`ShardedTable.rebuild_shard`); what is read whole
-        is the survivors' decision: two int32 columns per row. The evicted rows'
-        keys are appended to `evicted` when given.
+        rebuilt when some are evicted or their load fell below `MIN_LOAD`, the counters
+        when some go (admitted keys leave theirs behind) or theirs did; both stream
+        segment by segment (`ShardedTable.rebuild_shard`).
         """
-        rows = self.rows
         if self.counters is not None:
-            self._rebuild_counters(shard, step)
-        meta = self.layout.dim + self.layout.slots_width
-        with tf.device(rows.placement.device(shard)):
-            columns = [rows.segment_columns(shard, j, meta, meta + 2) for j in range(rows.segments)]
-            held = [int(tf.shape(c)[0]) for c in columns]
-            count, last = tf.unstack(tf.bitcast(tf.concat(columns, 0), tf.int32), axis=1)
-            del columns
-            keep = tf.split(self._keep(count, last, step), held)
-            survivors = sum(int(tf.math.count_nonzero(k)) for k in keep)
-            evicted_rows = sum(held) - survivors
-            if evicted_rows or survivors < MIN_LOAD * rows.num_buckets(shard):
-                rows.rebuild_shard(shard, keep, self.step_keys, evicted)
-            return evicted_rows
+            self.counters.rebuild_shard(
+                shard, self._keep_counters, self.step_keys, step, also=(self.rows,)
+            )
+        keep = self._keep_rows if self.spec.eviction is not None else None
+        return self.rows.rebuild_shard(shard, keep, self.step_keys, step)
 
-    def _rebuild_counters(self, shard: int, step: int) -> None:
-        """Drops the counters of keys that got a row and, with a ttl, of keys idle as long."""
-        counters = self.counters
-        ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
-        with tf.device(counters.placement.device(shard)):
-            keep = []
-            for j in range(counters.segments):
-                live = self.rowless(shard, counters.segment_keys(shard, j))
-                if ttl is not None:
-                    last = counters.segment_columns(shard, j, 1, 2)[:, 0]
-                    live = tf.logical_and(live, last > step - ttl)
-                keep.append(live)
-            counters.rebuild_shard(shard, keep, self.step_keys)
-
-    def rowless(self, shard: int, keys: tf.Tensor, chunk: int = 1 << 16) -> tf.Tensor:
-        """Which of `keys` (on shard `shard`) have no row, looked up `chunk` keys at a time."""
+    def rowless(self, rows: ShardHandles, keys: tf.Tensor, chunk: int = 1 << 16) -> tf.Tensor:
+        """Which of `keys` have no row in the shard of `rows` (its handles), looked up
+        `chunk` keys at a time (eager or traced)."""
         count = self.layout.dim + self.layout.slots_width  # the row's count column
-        parts = []
-        for start in range(0, int(tf.shape(keys)[0]), chunk):
-            found = self.rows.lookup_shard(shard, keys[start : start + chunk])
-            parts.append(tf.bitcast(found[:, count], tf.int32) <= 0)
-        return tf.concat(parts, 0) if parts else tf.zeros([0], tf.bool)
+        n = tf.shape(keys)[0]
+
+        def body(start, found):
+            rows_found = self.rows.find(rows, keys[start : start + chunk])
+            return start + chunk, found.write(
+                found.size(), tf.bitcast(rows_found[:, count], tf.int32) <= 0
+            )
+
+        found = tf.TensorArray(tf.bool, size=0, dynamic_size=True, infer_shape=False)
+        found = found.write(0, tf.zeros([0], tf.bool))  # a concat of no parts fails
+        _, found = tf.while_loop(lambda start, _: start < n, body, (tf.constant(0), found))
+        return tf.reshape(found.concat(), [-1])
+
+    def counts(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per logical table, keys with a row and keys waiting for admission on shard
+        `shard` (one call on its device; keys only: a count never copies a table's rows)."""
+        also = (self.counters,) if self.counters is not None else ()
+        held, waiting = self.rows.on_shard("counts", shard, self._counts, also)()
+        return held.numpy(), waiting.numpy()
+
+    def _counts(self, rows: ShardHandles, others: tuple):
+        n = len(self.spec.logical)
+        held = tf.add_n([_slot_counts(self.rows.held_keys(h), n) for h in rows.tables])
+        if not others:
+            return held, tf.zeros([n], tf.int64)
+        counted = tf.concat([self.counters.held_keys(h) for h in others[0].tables], 0)
+        return held, _slot_counts(tf.boolean_mask(counted, self.rowless(rows, counted)), n)
+
+
+def _slot_counts(keys: tf.Tensor, slots: int) -> tf.Tensor:
+    """Keys [n, 2] per logical-table slot [slots] int64."""
+    return tf.math.bincount(
+        tf.cast(keys[:, 0], tf.int32), minlength=slots, maxlength=slots, dtype=tf.int64
+    )
 
 
 class LogicalRows(NamedTuple):
@@ -581,7 +605,7 @@ class EmbeddingEngine(tf.Module):
                     part.reset_shard(shard, 0)
         return checkpoint.restore(path)
 
-    # ------------------------------------------------------------------ lifecycle (eager)
+    # ------------------------------------------------------------------ lifecycle (between steps)
 
     def grow(self) -> dict[str, int]:
         """Lays out again, keeping every row, the shards whose next step's inserts could
@@ -603,35 +627,25 @@ class EmbeddingEngine(tf.Module):
         from its survivors on its own device, sized to them, segment by segment.
         Returns the rows evicted per physical table.
         """
-        return self._rebuild(step, None)
+        return self.rebuild_tracked(step)[0]
 
     def rebuild_tracked(self, step: int) -> tuple[dict[str, int], dict[str, np.ndarray]]:
         """`rebuild`, and the raw ids each logical table lost (sorted, int64; only tables
         that lost some)."""
-        keys: dict = {}
-        evicted = self._rebuild(step, keys)
-        ids = {}
+        evicted, ids = {}, {}
         for table in self.physical_tables:
-            found = keys.get(table.spec.name, [])
-            if not found:
+            if table.spec.eviction is None and table.counters is None:
                 continue
-            slots, raw = decode(np.concatenate([k.numpy() for k in found]))
+            found = [table.rebuild_shard(shard, step) for shard in range(table.rows.num_shards)]
+            found = [k.numpy() for k in found if k is not None]
+            keys = np.concatenate(found) if found else np.zeros([0, KEY_WIDTH], np.int64)
+            evicted[table.spec.name] = int(keys.shape[0])
+            slots, raw = decode(keys)
             for slot, logical in enumerate(table.spec.logical):
                 mine = raw[slots == slot]
                 if mine.size:
                     ids[logical.name] = np.unique(mine)
         return evicted, ids
-
-    def _rebuild(self, step: int, keys: dict | None) -> dict[str, int]:
-        evicted = {}
-        for table in self.physical_tables:
-            if table.spec.eviction is None and table.counters is None:
-                continue
-            found = None if keys is None else keys.setdefault(table.spec.name, [])
-            evicted[table.spec.name] = sum(
-                table.rebuild_shard(shard, step, found) for shard in range(table.rows.num_shards)
-            )
-        return evicted
 
     def serving_rows(self, index: int) -> tuple[tf.Tensor, tf.Tensor]:
         """((slot, raw id) pairs [n, 2], embeddings) of physical table `index`: what an
@@ -692,22 +706,13 @@ class EmbeddingEngine(tf.Module):
         """Per logical table: keys with a row, waiting keys, row bytes and keys per shard."""
         stats = {}
         for table in self.physical_tables:
-            names = [t.name for t in table.spec.logical]
-            per_shard = np.zeros((len(names), table.rows.num_shards), np.int64)
-            waiting = np.zeros(len(names), np.int64)
-            # Keys only, one segment at a time: a count never copies a table's rows.
-            for shard in range(table.rows.num_shards):
-                for j in range(table.rows.segments):
-                    keys = table.rows.segment_keys(shard, j).numpy()
-                    per_shard[:, shard] += np.bincount(slot_of(keys), minlength=len(names))
-                for j in range(table.counters.segments if table.counters is not None else 0):
-                    counted = table.counters.segment_keys(shard, j)
-                    counted = tf.boolean_mask(counted, table.rowless(shard, counted)).numpy()
-                    waiting += np.bincount(slot_of(counted), minlength=len(names))
+            counts = [table.counts(shard) for shard in range(table.rows.num_shards)]
+            per_shard = np.stack([held for held, _ in counts], axis=1)  # [logical, shards]
+            waiting = sum(w for _, w in counts)
             row_bytes = KEY_BYTES + 4 * table.layout.width
-            for slot, name in enumerate(names):
+            for slot, logical in enumerate(table.spec.logical):
                 keys = int(per_shard[slot].sum())
-                stats[name] = {
+                stats[logical.name] = {
                     "keys": keys,
                     "waiting_keys": int(waiting[slot]),
                     "bytes": keys * row_bytes,

@@ -1,4 +1,4 @@
-"""Table lifecycle outside the step (eager, at checkpoints): eviction and delta export.
+"""Table lifecycle between steps (at checkpoints): eviction and delta export.
 
 A delta, `deltas/<step>/`, holds everything a serving copy of the model needs to
 move from the previous delta's step to this one (docs/online-learning.md, "Deltas"):
@@ -33,15 +33,6 @@ from recflow.embedding.engine import EmbeddingEngine
 
 DELTA_FORMAT = 2
 DENSE_FILE = "dense.npy"
-
-
-def evict(engine: EmbeddingEngine, step: int) -> dict[str, int]:
-    """Removes stale rows (`ttl_steps`), the least frequent beyond `max_keys`, and idle or
-    stale admission counters, by rebuilding the affected shards.
-
-    Returns the number of rows evicted per physical table.
-    """
-    return engine.rebuild(step)
 
 
 def evict_tracked(engine: EmbeddingEngine, step: int) -> tuple[dict[str, int], dict[str, np.ndarray]]:

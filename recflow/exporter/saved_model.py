@@ -187,7 +187,7 @@ class ServingModule(tf.Module):
         for index, table in enumerate(self.tables):
             keys, emb = self._serving_rows(index)
             with tf.device("/cpu:0"):
-                empty_buckets(table, serving_buckets(int(keys.shape[0])), self._dims[index])
+                empty_buckets(table.resource_handle, serving_buckets(int(keys.shape[0])), self._dims[index])
                 table.insert(keys, emb)
 
 

@@ -39,7 +39,7 @@ from recflow.atomic import staged_dir, write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config
 from recflow.embedding import lifecycle, reshard
-from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
+from recflow.embedding.engine import check_checkpoint
 from recflow.errors import RecflowError
 from recflow.exporter.saved_model import Exporter, dense_weights, existing_versions, saved_structure
 from recflow.layout import Layout
@@ -235,20 +235,11 @@ class ModelDir(Layout):
         table lost add to `evicted_rows`.
         """
         step = int(self.model.global_step)
-        engine = self.model.embedding
-        lost: dict[str, int] = {}
-        if not any(t.spec.eviction is not None for t in engine.physical_tables):
-            evicted = lifecycle.evict(engine, step)  # stale admission counters only
-        elif self.deltas.started(self._deltas_scheduled()):
-            evicted, gone = lifecycle.evict_tracked(engine, step)
+        evicted, gone = lifecycle.evict_tracked(self.model.embedding, step)
+        if gone and self.deltas.started(self._deltas_scheduled()):
             self.deltas.forget(gone)
-            lost = {name: int(ids.size) for name, ids in gone.items()}
-        else:
-            before = _keys(engine)
-            evicted = lifecycle.evict(engine, step)
-            lost = {name: before.get(name, 0) - keys for name, keys in _keys(engine).items()}
-        for name, rows in lost.items():
-            self.evicted_rows[name] = self.evicted_rows.get(name, 0) + rows
+        for name, ids in gone.items():
+            self.evicted_rows[name] = self.evicted_rows.get(name, 0) + int(ids.size)
         if any(evicted.values()):
             logger.info("step %d: evicted %s", step, evicted)
 
@@ -335,8 +326,3 @@ class ModelDir(Layout):
         is off) of a run that ended at `step`."""
         exported = not self.config.export.at_end or os.path.isdir(os.path.join(self.export_dir, str(step)))
         return self.metrics().get("steps") == step and exported
-
-
-def _keys(engine: EmbeddingEngine) -> dict[str, int]:
-    """Keys with a row, per logical table."""
-    return {name: s["keys"] for name, s in engine.table_stats().items()}
