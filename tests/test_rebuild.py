@@ -209,6 +209,7 @@ def test_a_traced_rebuild_lays_out_every_bucket_as_the_eager_one():
             for i in range(2)
         ]
         results.append((gone, arrays, engine.table_stats()))
+        assert bool(table.rows._functions.traced) == traced  # the path under test was taken
     (gone, arrays, stats), (gone_t, arrays_t, stats_t) = results
     assert gone[0] == gone_t[0] and gone[1].keys() == gone_t[1].keys()
     np.testing.assert_array_equal(gone[1]["t"], gone_t[1]["t"])
