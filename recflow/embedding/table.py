@@ -484,29 +484,33 @@ class ShardedTable(tf.Module):
         )
 
     def _relayout(self, keep: Keep | None, shard: ShardHandles, others: tuple, sizes, routes, step):
-        segments = [self._held(h) for h in shard.tables]
-        masks = keep(others, segments, step) if keep is not None else [None] * self.segments
+        masks = [None] * self.segments
+        if keep is not None:  # the held indices of every segment live only while it decides
+            masks = keep(others, [self._held(h) for h in shard.tables], step)
         pieces = [[] for _ in range(self.segments)]  # per new segment, old segment order
         dropped = [tf.zeros([0, KEY_WIDTH], tf.int64)]
         arrived = []  # per old segment: its kept rows per new segment [segments]
         after = []  # the previous old segment emptied: read the next one only then
-        for j, (mask, table) in enumerate(zip(masks, shard.tables)):
-            keys, values, held = segments[j]
-            segments[j] = None  # eager: the old arrays' last reference goes with `keys`
+        for mask, table in zip(masks, shard.tables):
             with tf.control_dependencies(after):
+                keys, values, held = self._held(table)
                 if mask is not None:
                     dropped.append(tf.gather(keys, tf.boolean_mask(held, ~mask)))
                     held = tf.boolean_mask(held, mask)
-                keys, values = tf.gather(keys, held), tf.gather(values, held)
-                target = _segment_by(routes, keys)
-                arrived.append(tf.math.bincount(target, minlength=self.segments, maxlength=self.segments, dtype=tf.int64))
-                moved = zip(
-                    tf.dynamic_partition(keys, target, self.segments),
-                    tf.dynamic_partition(values, target, self.segments),
+                # Split the kept buckets' indices, then copy each piece's rows once.
+                target = _segment_by(routes, tf.gather(keys, held))
+                arrived.append(
+                    tf.math.bincount(
+                        target, minlength=self.segments, maxlength=self.segments, dtype=tf.int64
+                    )
                 )
+                moved = [
+                    (tf.gather(keys, part), tf.gather(values, part))
+                    for part in tf.dynamic_partition(held, target, self.segments)
+                ]
                 for m, pair in enumerate(moved):
                     pieces[m].append(pair)
-            with tf.control_dependencies([keys, values] + dropped[-1:]):
+            with tf.control_dependencies([t for pair in moved for t in pair] + dropped[-1:]):
                 after = [empty_buckets(table, MIN_BUCKETS, self.width, self.value_dtype)]
             del keys, values, held, moved
         with tf.control_dependencies(after):
@@ -517,7 +521,9 @@ class ShardedTable(tf.Module):
                 after = [empty_buckets(table, grown[m], self.width, self.value_dtype)]
             for keys, values in pieces[m]:
                 with tf.control_dependencies(after):
-                    after = [tf.raw_ops.LookupTableInsertV2(table_handle=table, keys=keys, values=values)]
+                    after = [
+                        tf.raw_ops.LookupTableInsertV2(table_handle=table, keys=keys, values=values)
+                    ]
             pieces[m] = None
         with tf.control_dependencies(after):
             return tf.concat(dropped, 0)
