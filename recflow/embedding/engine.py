@@ -208,10 +208,10 @@ class _PhysicalTable(tf.Module):
         """Applies eviction and drops stale counters by rebuilding the shard; returns the
         keys of the rows evicted (None when the rows were left as they are).
 
-        Runs on the shard's device (its PS task): no row leaves it. The rows are
-        rebuilt when some are evicted or their load fell below `MIN_LOAD`, the counters
-        when some go (admitted keys leave theirs behind) or theirs did; both stream
-        segment by segment (`ShardedTable.rebuild_shard`).
+        Runs on the shard's device (its PS task): no row leaves it. The rows and the
+        admission counters (admitted keys leave theirs behind) are each laid out again
+        when some go or their load fell below `MIN_LOAD`, streaming segment by segment
+        (`ShardedTable.rebuild_shard`).
         """
         if self.counters is not None:
             self.counters.rebuild_shard(
