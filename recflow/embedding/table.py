@@ -342,8 +342,12 @@ class ShardedTable(tf.Module):
         return len(self.shards)
 
     def _shape(self, values: tf.Tensor) -> tf.Tensor:
-        # Lookups return an unknown static shape: pin it right away.
-        return tf.reshape(values, [-1, self.width] if self.width else [-1])
+        # Traced lookups and exports return an unknown static shape: pin it right away
+        # (eager ones know theirs, and an eager reshape costs more than the export).
+        shape = [-1, self.width] if self.width else [-1]
+        if values.shape.rank == len(shape) and values.shape[1:] == shape[1:]:
+            return values
+        return tf.reshape(values, shape)
 
     @staticmethod
     def _split(keys: tf.Tensor, part: tf.Tensor, n: int):
@@ -393,12 +397,14 @@ class ShardedTable(tf.Module):
         keys, values = tf.raw_ops.LookupTableExportV2(
             table_handle=table, Tkeys=tf.int64, Tvalues=self.value_dtype
         )
-        return tf.reshape(keys, [-1, KEY_WIDTH]), self._shape(values)
+        keys = keys if keys.shape[1:] == [KEY_WIDTH] else tf.reshape(keys, [-1, KEY_WIDTH])
+        return keys, self._shape(values)
 
     def _held(self, table: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """(key buckets, value buckets, indices of the buckets that hold a key) of a segment."""
         keys, values = self._buckets(table)
-        return keys, values, tf.where(keys[:, 0] >= 0)[:, 0]  # slots are >= 0: not empty/deleted
+        slots = tf.gather(keys, 0, axis=1)  # >= 0: not empty/deleted (a gather: eager slices are slow)
+        return keys, values, tf.reshape(tf.where(slots >= 0), [-1])
 
     def segment_rows(
         self, i: int, j: int, pick: tf.Tensor | None = None
