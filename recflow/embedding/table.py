@@ -311,7 +311,8 @@ class ShardedTable(tf.Module):
             even = 1 << (segments.bit_length() - 1)  # a power of two of equal segments
             used = [INITIAL_BUCKETS // even] * even
         sizes, routes = segment_layout(used, segments)
-        self._initial = sum(sizes)  # buckets of a new shard: growth never lays one out smaller
+        # A new shard's layout: neither growth nor a rebuild lays one out smaller.
+        self._initial, self._initial_used = sum(sizes), used
         base = name.replace(".", "_")
         self.shards = []
         self.routes = []  # per shard: upper route bound of each segment [segments] int64
@@ -454,14 +455,18 @@ class ShardedTable(tf.Module):
         """Keeps the rows of shard `i` that `keep` picks at `step`, in segments sized for
         them; returns the keys of the rows dropped (None when the shard was left as it is).
 
-        A shard that keeps every row and is loaded at least `MIN_LOAD` or already laid out
-        as its survivors would be is left as it is (a rebuild at each checkpoint rewrites
-        only the shards that change). Two calls on the shard's device: `census`, then
+        A shard is never laid out smaller than a new one (as growth does not: a small
+        table would otherwise shrink at each checkpoint and grow again in the steps
+        after). A shard that keeps every row and is loaded at least `MIN_LOAD` or already
+        laid out as its survivors would be is left as it is (a rebuild at each checkpoint
+        rewrites only the shards that change). Two calls on the shard's device: `census`, then
         `relayout` when needed.
         """
         census = self.census(i, keep, step, also)
         survivors = int(census.kept.sum())
         used = segment_buckets(survivors, headroom, self.segments)
+        if sum(used) < sum(self._initial_used):
+            used = self._initial_used
         if survivors == int(census.held.sum()):
             if survivors >= MIN_LOAD * sum(census.sizes):
                 return None
