@@ -157,7 +157,7 @@ def test_table_survives_growth_rebuilds_and_a_restore_holding_each_key_once(shar
     assert table_contents(table) == want
     # Rebuild every shard with every other key, then put the dropped half back, new values.
     kept = {k: v for i, (k, v) in enumerate(sorted(want.items())) if i % 2 == 0}
-    def keep(i, segments, step):
+    def keep(others, segments, step):
         return [
             tf.constant([tuple(k) in kept for k in tf.gather(keys, held).numpy().tolist()], tf.bool)
             for keys, _, held in segments

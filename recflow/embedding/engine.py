@@ -256,7 +256,7 @@ class _PhysicalTable(tf.Module):
 def _slot_counts(keys: tf.Tensor, slots: int) -> tf.Tensor:
     """Keys [n, 2] per logical-table slot [slots] int64."""
     return tf.math.bincount(
-        tf.cast(keys[:, 0], tf.int32), minlength=slots, maxlength=slots, dtype=tf.int64
+        tf.cast(tf.gather(keys, 0, axis=1), tf.int32), minlength=slots, maxlength=slots, dtype=tf.int64
     )
 
 

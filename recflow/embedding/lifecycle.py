@@ -36,8 +36,10 @@ DENSE_FILE = "dense.npy"
 
 
 def evict_tracked(engine: EmbeddingEngine, step: int) -> tuple[dict[str, int], dict[str, np.ndarray]]:
-    """`evict`, and the raw ids each logical table lost (sorted, int64): what the next
-    delta must tell a serving copy to forget."""
+    """Removes stale rows (`ttl_steps`), the least frequent beyond `max_keys`, and idle or
+    stale admission counters, by rebuilding the affected shards; returns the rows evicted
+    per physical table and the raw ids each logical table lost (sorted, int64): what the
+    next delta must tell a serving copy to forget."""
     return engine.rebuild_tracked(step)
 
 

@@ -91,7 +91,7 @@ ROUTE_SHIFT, ROUTES = 47, 1 << 16  # a key's route: bits 47..62 of its mixed id,
 # Which rows of a shard a rebuild keeps: given the handles of the same shard of the tables it
 # reads (`also`), each segment's (key buckets, value buckets, indices of the buckets held)
 # and the step (int64), a bool per held bucket of each segment. Runs eager or traced.
-Keep = Callable[[int, list, tf.Tensor], list]
+Keep = Callable[[tuple, list, tf.Tensor], list]
 
 
 class ShardHandles(NamedTuple):
@@ -653,7 +653,8 @@ class ShardedTable(tf.Module):
 
 
 class _Functions:
-    """A table's traced maintenance functions, by (kind, shard) (`ShardedTable.on_shard`)."""
+    """A table's traced maintenance functions, by kind, one for all its shards
+    (`ShardedTable.on_shard`)."""
 
     def __init__(self):
         self.traced: dict = {}
