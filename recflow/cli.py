@@ -156,7 +156,9 @@ def _parser() -> argparse.ArgumentParser:
 _context: dict[str, str] = {}  # what an error without a path can name
 
 
-def _load(args, check_data: bool = True):
+def _load(args, check_data: bool = True, tensorflow: bool = True):
+    """The validated config of `args` (and its data checked unless not `check_data`);
+    then TensorFlow is imported, unless the command runs none itself (`tensorflow`)."""
     from recflow.config import load_config
     from recflow.data import check_sources
 
@@ -172,7 +174,8 @@ def _load(args, check_data: bool = True):
         from recflow.data.kafka import KafkaSource
 
         KafkaSource(config, {}).check()  # a broker that is down costs no TensorFlow start-up
-    import_tensorflow()
+    if tensorflow:
+        import_tensorflow()
     return config
 
 
@@ -251,7 +254,9 @@ def cmd_train(args) -> int:
 def cmd_launch(args) -> int:
     from recflow.distribute.launcher import Cluster
 
-    config = _load(args)  # validated once here, before any process starts
+    # Validated once here, before any process starts. The launcher itself runs no
+    # TensorFlow: importing it would only delay every task's start (~2 s).
+    config = _load(args, tensorflow=False)
     train_args = [args.config, "--model-dir", config.train.model_dir]
     for item in args.set:
         train_args += ["--set", item]

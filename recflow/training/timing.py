@@ -6,13 +6,15 @@
     train    the training loop, all passes (input, steps, periodic checkpoints,
              deltas and exports)
     eval     evaluation
-    export   SavedModel exports, periodic ones included
+    export   SavedModel exports, periodic ones included (the export at the end runs
+             beside the evaluation: their seconds overlap)
     steady_examples_per_sec  examples / s over passes 2.. of a run from step 0
              (present with 2 passes or more): the rate once everything is traced
     cpu      the CPU seconds (user + system, all threads of the process) of each
              phase: on a machine shared with other work they move much less than
              the wall seconds, and they show where the input pipeline's threads
-             add work beside the steps
+             add work beside the steps (the final export's and the evaluation's
+             both count the CPU of the seconds they share)
 """
 
 from __future__ import annotations
