@@ -327,14 +327,7 @@ def test_subprocess_user_errors_do_not_import_tensorflow(tmp_path):
     write_config(tmp_path, raw, "bad.yaml")
     write_csv(tmp_path, ["user_id,item_id,click", "1,a,1"])
     write_config(tmp_path, tiny_config(tmp_path), "nodata.yaml")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "user_errors_without_tensorflow.py")],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _script(tmp_path, "user_errors_without_tensorflow.py")
     assert proc.stdout.strip() == "False [2, 2, 2, 2, 2, 2, 2, 2]", proc.stderr
     lines = proc.stderr.splitlines()
     assert len(lines) == 8, proc.stderr
@@ -559,13 +552,14 @@ def test_launch_starts_its_tasks_without_importing_tensorflow(tmp_path):
     # TensorFlow import there would delay every task's start by its own (~2 s).
     write_csv(tmp_path, ["user_id,item_id,price,click", "1,a,2.0,1"])
     write_config(tmp_path, tiny_config(tmp_path), "good.yaml")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPTS / "launch_without_tensorflow.py")],
-        cwd=tmp_path,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _script(tmp_path, "launch_without_tensorflow.py")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False ['chief', 'worker', 'ps']", proc.stderr
+
+
+def _script(folder: Path, name: str) -> subprocess.CompletedProcess:
+    """Runs tests/scripts/`name` in `folder`."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / name)], cwd=folder, env=_env(), capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
