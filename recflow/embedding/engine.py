@@ -246,18 +246,19 @@ class _PhysicalTable(tf.Module):
 
     def _counts(self, rows: ShardHandles, others: tuple):
         n = len(self.spec.logical)
-        held = tf.add_n([_slot_counts(self.rows.held_keys(h), n) for h in rows.tables])
+        held = _slot_counts(tf.concat([self.rows.bucket_slots(h) for h in rows.tables], 0), n)
         if not others:
             return held, tf.zeros([n], tf.int64)
         counted = tf.concat([self.counters.held_keys(h) for h in others[0].tables], 0)
-        return held, _slot_counts(tf.boolean_mask(counted, self.rowless(rows, counted)), n)
+        waiting = tf.boolean_mask(counted, self.rowless(rows, counted))
+        return held, _slot_counts(tf.gather(waiting, 0, axis=1), n)
 
 
-def _slot_counts(keys: tf.Tensor, slots: int) -> tf.Tensor:
-    """Keys [n, 2] per logical-table slot [slots] int64."""
-    return tf.math.bincount(
-        tf.cast(tf.gather(keys, 0, axis=1), tf.int32), minlength=slots, maxlength=slots, dtype=tf.int64
-    )
+def _slot_counts(slots: tf.Tensor, n: int) -> tf.Tensor:
+    """How many of `slots` [m] int64 hold each logical-table slot [n] int64; negative
+    ones (empty and deleted buckets) count for none."""
+    shifted = tf.cast(tf.maximum(slots, -1) + 1, tf.int32)  # empty or deleted -> 0
+    return tf.math.bincount(shifted, minlength=n + 1, maxlength=n + 1, dtype=tf.int64)[1:]
 
 
 class LogicalRows(NamedTuple):

@@ -423,6 +423,11 @@ class ShardedTable(tf.Module):
         with tf.device(self.placement.device(i)):
             return self.held_keys(self.shards[i][j].resource_handle)
 
+    def bucket_slots(self, table: tf.Tensor) -> tf.Tensor:
+        """The slot of each bucket of a segment (`table`: its handle) [buckets] int64:
+        its key's logical table, negative for an empty or deleted bucket."""
+        return tf.gather(self._buckets(table)[0], 0, axis=1)
+
     def held_keys(self, table: tf.Tensor) -> tf.Tensor:
         """The keys a segment (`table`: its handle) holds, in bucket order."""
         keys, _, held = self._held(table)
