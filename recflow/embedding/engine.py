@@ -26,7 +26,7 @@ from recflow.embedding.plan import plan_tables
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable
 from recflow.embedding.rows import KEY_BYTES, RowLayout
 from recflow.embedding.staging import Staging
-from recflow.embedding.table import ShardedTable, ShardHandles
+from recflow.embedding.table import ShardedTable, ShardHandles, masked
 from recflow.errors import RecflowError
 from recflow.features.keys import (
     KEY_FORMAT,
@@ -181,7 +181,7 @@ class _PhysicalTable(tf.Module):
             )
             score = tf.where(keep, score, -1)
             top = tf.argsort(score, direction="DESCENDING", stable=True)[:limit]
-            top = tf.boolean_mask(top, tf.gather(keep, top))
+            top = masked(top, tf.gather(keep, top))
             keep = tf.scatter_nd(top[:, None], tf.ones_like(top, tf.bool), tf.shape(keep))
         return keep
 
@@ -250,7 +250,7 @@ class _PhysicalTable(tf.Module):
         if not others:
             return held, tf.zeros([n], tf.int64)
         counted = tf.concat([self.counters.held_keys(h) for h in others[0].tables], 0)
-        waiting = tf.boolean_mask(counted, self.rowless(rows, counted))
+        waiting = masked(counted, self.rowless(rows, counted))
         return held, _slot_counts(tf.gather(waiting, 0, axis=1), n)
 
 
