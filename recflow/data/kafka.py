@@ -39,6 +39,7 @@ from recflow.errors import DataError
 
 logger = logging.getLogger(__name__)
 
+CLOSE_TIMEOUT_S = 5.0  # the longest a stopping run waits for the client to close (see `KafkaSource.close`)
 MAX_PARTITIONS = 4096  # per topic: message keys pack (topic, partition) into one slot
 _STRIDE = 2**40  # records.FILE_STRIDE: key = slot * _STRIDE + offset
 _UNREADABLE = '"'  # a line the CSV parser always rejects (malformed quotes)
@@ -197,7 +198,14 @@ class KafkaSource:
             self._consumer = None
 
     def close(self) -> None:
-        """Stops the thread (the generator then ends) and closes the consumer."""
+        """Stops the thread (the generator then ends) and closes the consumer.
+
+        The close waits at most `CLOSE_TIMEOUT_S`: the client waits for requests still
+        queued for a broker (an offset commit sent as the broker died), up to its socket
+        timeout (60 s) and more, and a run that stops for an outage must exit with its
+        checkpoint, not wait for them. A close that does not return in time is left to
+        the process exit.
+        """
         self._stop.set()
         if self._thread is not None:
             while self._thread.is_alive():
@@ -206,7 +214,11 @@ class KafkaSource:
         if self._consumer is not None:
             if self.error is None:  # a commit to a broker that is down waits for its timeout
                 self._flush_commit()
-            self._consumer.close()
+            closing = threading.Thread(target=self._consumer.close, name="recflow-kafka-close", daemon=True)
+            closing.start()
+            closing.join(CLOSE_TIMEOUT_S)
+            if closing.is_alive():
+                logger.warning("kafka: the client did not close within %g s; left to the exit", CLOSE_TIMEOUT_S)
             self._consumer = None
 
     def commit(self, offsets: Offsets) -> None:
@@ -299,7 +311,8 @@ class KafkaSource:
         down_since: float | None = None
         backoff = 0.25
         while not self._stop.is_set():
-            self._flush_commit()
+            if down_since is None:  # a commit to a broker that is down would wait in its queue
+                self._flush_commit()
             messages = self._consumer.consume(
                 num_messages=max(1, self.batch_size - len(values)), timeout=0.1
             )

@@ -705,7 +705,10 @@ class _Watch:
         """Per shard: (largest insert since the last read, keys of each segment, buckets of
         each segment, each segment's share of the routes); resets the largest insert."""
         if self._read is None:
-            self._read = tf.function(self._stats, autograph=False)
+            # A partial, not the bound method: tf.function counts the traces of a method
+            # over all its instances, and every table's watch traces once, which reads
+            # as "frequent retracing" and warns (each is then called every step).
+            self._read = tf.function(functools.partial(_Watch._stats, self), autograph=False)
         out = []
         for step, held, buckets, routes in self._read():
             bounds = np.concatenate([[0], routes.numpy()])
