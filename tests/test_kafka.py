@@ -301,3 +301,31 @@ def test_config_errors_name_the_field(tmp_path, data, message):
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(RecflowError, match="^" + str(path).replace(".", r"\.") + ": " + message.replace(".", r"\.").replace("(", r"\(")):
         load_config(str(path))
+
+
+def test_a_stopping_run_does_not_wait_for_a_client_close_that_hangs(tmp_path, monkeypatch):
+    # The client's close waits for requests queued to a broker that died (60 s and more):
+    # a run stopping for an outage must exit with its checkpoint, not wait for them.
+    import threading
+
+    from recflow.config import load_config
+    from recflow.data import kafka
+    from recflow.errors import DataError
+
+    class Client:  # its close returns once released (or after 5 s: a close waited for fails)
+        def __init__(self):
+            self.released, self.closed = threading.Event(), threading.Event()
+
+        def close(self):
+            self.released.wait(5)
+            self.closed.set()
+
+    config = load_config(write_config(tmp_path / "c.yaml", "127.0.0.1:9", "t", tmp_path / "run"), [])
+    source = kafka.KafkaSource(config, {})
+    source._consumer = client = Client()
+    source.error = DataError("data.kafka: no broker answered")
+    monkeypatch.setattr(kafka, "CLOSE_TIMEOUT_S", 0.05)
+    source.close()  # returns although the client's close has not
+    assert not client.closed.is_set() and source._consumer is None
+    client.released.set()
+    assert client.closed.wait(10)
