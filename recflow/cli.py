@@ -157,8 +157,8 @@ _context: dict[str, str] = {}  # what an error without a path can name
 
 
 def _load(args, check_data: bool = True, tensorflow: bool = True):
-    """The validated config of `args` (and its data checked unless not `check_data`);
-    then TensorFlow is imported, unless the command runs none itself (`tensorflow`)."""
+    """The validated config of `args`, its data sources checked when `check_data`;
+    then TensorFlow is imported, unless the command runs none itself (not `tensorflow`)."""
     from recflow.config import load_config
     from recflow.data import check_sources
 
