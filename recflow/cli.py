@@ -208,7 +208,9 @@ def cmd_train(args) -> int:
     from recflow import api
 
     # A stream may start before its first file: with --follow, files are checked as they come.
-    config = _load(args, check_data=not args.follow)
+    config = _load(args, check_data=not args.follow, tensorflow=False)
+    if api.is_chief(config):  # a PS or worker task runs TF's server alone (`cluster.serve`)
+        import_tensorflow()
     if args.warm_start and not os.path.isdir(args.warm_start):
         raise RecflowError(f"--warm-start {args.warm_start}: no such model dir")
     stream = args.follow or config.data.format == "kafka"
