@@ -63,14 +63,16 @@ SMALL = {
 }
 
 
-def small(*changes: dict, export: bool = False) -> dict:
+def small(*changes: dict, export: bool = False, evaluate: bool = False) -> dict:
     """SMALL with `changes` merged in, later ones winning. Without `export` the run
-    ends without writing a SavedModel (`export.at_end: false`): a test that reads the
-    export asks for it."""
+    ends without writing a SavedModel (`export.at_end: false`), and without `evaluate`
+    without its evaluation (`train.evaluate: false`, about a quarter of a small run):
+    a test that reads the export or the eval metrics asks for them."""
     merged = dict(SMALL)
     for change in changes:
         merged.update(change)
     merged.setdefault("export.at_end", export)
+    merged.setdefault("train.evaluate", evaluate)
     return merged
 
 
@@ -93,6 +95,7 @@ TRAINED = small(
         "tables.user.eviction": {"ttl_steps": 3},
     },
     export=True,
+    evaluate=True,
 )
 
 

@@ -151,7 +151,7 @@ def test_evaluate_and_export_commands(trained):
 def test_regression_task_exports_prediction(tmp_path):
     model_dir = tmp_path / "reg"
     train(model_dir, small({"task": {"type": "regression", "metrics": ["mse", "mae"]}, "train.steps": 4,
-                            "train.epochs": None}, export=True))
+                            "train.epochs": None}, export=True, evaluate=True))
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert {"mse", "mae"} <= set(metrics) and "auc" not in metrics
     import tensorflow as tf
@@ -163,7 +163,7 @@ def test_regression_task_exports_prediction(tmp_path):
 def test_a_run_without_its_end_export_is_complete_and_exports_on_demand(tmp_path, capsys):
     model_dir = tmp_path / "m"
     args = ["train", DEMO, "--model-dir", str(model_dir), "--quiet",
-            *sets(small({"train.steps": 2, "train.epochs": None}))]  # export.at_end: false
+            *sets(small({"train.steps": 2, "train.epochs": None}, evaluate=True))]  # export.at_end: false
     assert main(args) == 0
     assert "export: none (export.at_end: false)" in capsys.readouterr().out
     metrics = json.loads((model_dir / "metrics.json").read_text())
@@ -177,6 +177,26 @@ def test_a_run_without_its_end_export_is_complete_and_exports_on_demand(tmp_path
     # `recflow export` writes it from the checkpoint.
     assert main(["export", DEMO, "--model-dir", str(model_dir), *args[5:]]) == 0
     assert os.listdir(model_dir / "export") == ["2"]
+
+
+def test_a_run_without_its_evaluation_is_complete_and_evaluates_on_demand(tmp_path, capsys):
+    model_dir = tmp_path / "m"
+    args = ["train", DEMO, "--model-dir", str(model_dir), "--quiet",
+            *sets(small({"train.steps": 2, "train.epochs": None}))]  # train.evaluate: false
+    assert main(args) == 0
+    summary = capsys.readouterr().out.splitlines()[0]
+    assert "auc" not in summary and summary.endswith("step 2  bad_records 0"), summary
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and metrics["examples"] == 256
+    assert not {"auc", "logloss", "oracle_auc", "eval_examples", "eval_split"} & set(metrics)
+    assert metrics["timing"]["eval"] == 0.0
+    assert main(args) == 0  # complete: a rerun trains and evaluates nothing
+    assert "already at step 2" in capsys.readouterr().out
+    # `recflow evaluate` computes the metrics from the checkpoint and adds them.
+    assert main(["evaluate", *args[1:4], *args[5:]]) == 0
+    assert capsys.readouterr().out.startswith("auc ")
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["steps"] == 2 and metrics["eval_examples"] == 256 and 0 <= metrics["auc"] <= 1
 
 
 def test_plan_shows_physical_tables(capsys):

@@ -30,9 +30,11 @@ BATCH = 32
 
 
 def train_argv(model_dir, *sets, steps=30, export=False):
-    """`recflow train` of the demo; the run ends without its export unless `export`."""
+    """`recflow train` of the demo; the run ends without its evaluation, and without its
+    export unless `export`."""
     settings = [
         f"export.at_end={str(export).lower()}",
+        "train.evaluate=false",
         "data.synthetic={rows: 3000, eval_rows: 100, seed: 5, schema: demo}",
         f"data.batch_size={BATCH}",
         "train.epochs=null",

@@ -27,7 +27,7 @@ SETTINGS = items(small({
     "tables.item.admission": {"min_count": 2},
     "tables.user.admission": {"min_count": 2},
     "tables.user.eviction": {"ttl_steps": TTL},
-}, export=True))  # the export must serve
+}, export=True, evaluate=True))  # the export must serve; its AUC is read
 
 
 def pid_of(model_dir, job, index):

@@ -153,6 +153,7 @@ def test_prefetch_trains_one_worker_exactly_as_without(tmp_path, csv_files):
         launcher = launch(model_dir, [
             "data.format=csv", f"data.train={root}/part-[01].csv", f"data.eval={root}/eval.csv",
             "train.checkpoint_every_steps=null", f"train.prefetch_embeddings={prefetch}",
+            "train.evaluate=true",
         ], workers=1)
         runs[prefetch], _ = finish(launcher, model_dir)
     without, with_prefetch = runs["false"], runs["true"]

@@ -50,6 +50,7 @@ def kill_config(tmp_path, model_dir):
         f"train.steps={KILL_STEPS}",
         "train.checkpoint_every_steps=16",
         "export.at_end=false",  # the runs are compared by their tables and rows
+        "train.evaluate=false",
         "tables.item.admission={min_count: 3}",
         "tables.user.eviction={ttl_steps: 60}",
         "model.params={dnn: {hidden_units: [8]}}",

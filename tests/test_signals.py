@@ -64,11 +64,12 @@ def uninterrupted(tmp_path_factory):
     return model_dir
 
 
-# Steps drawn once at random (seed 2026), on and off the checkpoint schedule of every 5.
-_rng = np.random.default_rng(2026)
-_CASES = [(signal.SIGTERM, int(s)) for s in _rng.choice(np.arange(1, 24), 2, replace=False)] + [
-    (signal.SIGINT, int(s)) for s in _rng.choice(np.arange(1, 24), 2, replace=False)
-] + [(signal.SIGTERM, 10)]
+# Each signal at a step off the checkpoint schedule of every 5, drawn once at random (seed
+# 2026), and SIGTERM on it (both signals take one path: one handler, one stop).
+_OFF = [s for s in range(1, 24) if s % 5]
+_CASES = [(signum, int(s)) for signum, s in zip(
+    (signal.SIGTERM, signal.SIGINT), np.random.default_rng(2026).choice(_OFF, 2, replace=False)
+)] + [(signal.SIGTERM, 10)]
 
 
 @pytest.mark.parametrize("signum, step", _CASES)
@@ -95,9 +96,12 @@ def test_a_signal_at_any_step_resumes_to_the_uninterrupted_model(uninterrupted, 
     assert dense_got.keys() == dense_want.keys()
     for name in dense_want:
         np.testing.assert_allclose(dense_got[name], dense_want[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    # The resumed run ends as the uninterrupted one did (the same model: its metrics are
+    # left out here, `train.evaluate: false`).
     a = json.loads((model_dir / "metrics.json").read_text())
     b = json.loads((uninterrupted / "metrics.json").read_text())
-    assert a["auc"] == pytest.approx(b["auc"], abs=1e-6)
+    assert a["steps"] == b["steps"] == 24
+    assert stopped["examples"] + a["examples"] == b["examples"] == 24 * 64  # each row once
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])

@@ -871,6 +871,7 @@ class TrainConfig:
         seed: seed of the dense initial weights, dropout and new embedding rows.
         xla: compile the tower's forward and backward pass with XLA.
         prefetch_embeddings: parameter servers: each step looks up the next batch's rows while it computes.
+        evaluate: evaluate the final model when the run ends; `false` for a run whose metrics nobody reads (`recflow evaluate` computes them later from the checkpoint).
     """
 
     model_dir: str = "runs/default"
@@ -887,6 +888,7 @@ class TrainConfig:
     # Parameter servers: each step looks up the next batch's rows while it computes
     # (docs/distributed.md, "Prefetching embeddings").
     prefetch_embeddings: bool = False
+    evaluate: bool = True
 
     def validate(self) -> None:
         _positive(self, "epochs", allow_none=True)

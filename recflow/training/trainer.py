@@ -413,7 +413,8 @@ class Trainer:
         """train -> evaluate and export (side by side) -> metrics.json; returns the metrics.
 
         `train` replaces `fit` (e.g. streaming training); evaluation then runs
-        only when `data.eval` is set.
+        only when `data.eval` is set. `train.evaluate: false` leaves it out, and
+        `export.at_end: false` the export.
         """
         with self.timing.phase("train"), self.signals_stop():
             summary = (train or self.fit)()
@@ -429,7 +430,7 @@ class Trainer:
             # are still to be written.
             logger.warning("the run ended at step %d without its export and metrics; writing them", summary["steps"])
             summary = {"steps": summary["steps"], "examples": 0, "train_seconds": 0.0}
-        evaluate = train is None or self.config.data.eval
+        evaluate = self.config.train.evaluate and (train is None or self.config.data.eval)
         # The export and the evaluation read the final weights and write nothing the
         # other reads: the export runs beside the evaluation (measured on the bench job,
         # 2 cores: 2.1 -> 1.6 s for both), and an error of either is raised here.
@@ -448,7 +449,7 @@ class Trainer:
         result["examples_read"] = self.rows_read
         result["nonfinite_values"] = self.nonfinite_values
         result["truncated_rows"] = self.truncated_rows
-        if self.config.data.format == "synthetic" and self.config.task.type != "retrieval":
+        if evaluate and self.config.data.format == "synthetic" and self.config.task.type != "retrieval":
             oracle = data_lib.oracle_auc(self.config.data.synthetic, "eval")
             result["oracle_auc"] = round(float(oracle), 6)
         passes = (self.config.train.total_epochs or 0) if train is None else 0
