@@ -107,7 +107,7 @@ def test_unknown_key(tmp_path, capsys):
     assert (
         line
         == f"recflow: {config}: train: unknown key 'learning_rate' (allowed: checkpoint_every_seconds, checkpoint_every_steps, "
-        "epochs, keep_checkpoints, log_every_steps, model_dir, optimizer, prefetch_embeddings, seed, "
+        "epochs, evaluate, keep_checkpoints, log_every_steps, model_dir, optimizer, prefetch_embeddings, seed, "
         "sparse_optimizer, steps, xla)"
     )
 
