@@ -210,7 +210,7 @@ def trained(tmp_path_factory):
         "tables": {"u": {"dim": 4}, "i": {"dim": 4}},
         "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
         "train": {"model_dir": str(model_dir), "epochs": 4, "checkpoint_every_steps": 8,
-                  "sparse_optimizer": {"type": "adam", "learning_rate": 0.05}},
+                  "sparse_optimizer": {"type": "adam", "learning_rate": 0.05}, "evaluate": False},
         "export": {"delta_every_steps": 8},
     }  # fmt: skip
     path = tmp / "config.yaml"

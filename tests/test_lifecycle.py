@@ -37,7 +37,7 @@ def write_config(tmp_path, data_glob, model_dir, **overrides):
             "i": {"dim": 4, "eviction": {"ttl_steps": 3}},
         },
         "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
-        "train": {"model_dir": str(model_dir), "epochs": 1, "checkpoint_every_steps": 4},
+        "train": {"model_dir": str(model_dir), "epochs": 1, "checkpoint_every_steps": 4, "evaluate": False},
         "export": {"delta_every_steps": 4},
     }
     for key, value in overrides.items():

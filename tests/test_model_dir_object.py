@@ -28,6 +28,7 @@ SMALL = {
     "train.steps": 4,
     "train.checkpoint_every_steps": 2,
     "export.delta_every_steps": 2,
+    "train.evaluate": False,  # the checks read checkpoints, deltas and exports
 }
 
 

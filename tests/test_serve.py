@@ -44,7 +44,7 @@ def write_config(tmp, model_dir, steps=STEPS):
         ],
         "tables": {"u": {"dim": 4}, "i": {"dim": 4, "eviction": {"ttl_steps": TTL}}},
         "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [8]}}},
-        "train": {"model_dir": str(model_dir), "steps": steps, "checkpoint_every_steps": EVERY,
+        "train": {"model_dir": str(model_dir), "steps": steps, "checkpoint_every_steps": EVERY, "evaluate": False,
                   "optimizer": {"type": "adam", "learning_rate": 0.05}},
         "export": {"delta_every_steps": EVERY, "every_steps": EVERY},
     }
