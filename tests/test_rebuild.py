@@ -13,7 +13,7 @@ import tensorflow as tf
 from recflow.config import config_from_dict
 from recflow.embedding.engine import EmbeddingEngine
 from recflow.embedding.placement import ModPlacement
-from recflow.embedding.table import MAX_LOAD, segment_buckets
+from recflow.embedding.table import MAX_LOAD, id_counts, segment_buckets
 from recflow.features.keys import decode, encode
 
 DIM, TTL, STEP, N = 3, 50, 100, 6000
@@ -269,3 +269,14 @@ def test_restore_gives_every_row_exactly_once(shards, tmp_path):
     np.testing.assert_array_equal(slots, rows["slots"])
     np.testing.assert_array_equal(count, rows["count"])
     np.testing.assert_array_equal(last, rows["last"])
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_id_counts_count_each_id_and_no_negative_one(dtype):
+    """What table counts and rebuilds tally with: empty and deleted buckets' slots are
+    negative (the smallest int64 among them) and count for none."""
+    ids = np.array([2, -1, 0, 2, 1, 2, -7] + ([-(2**63)] if dtype == tf.int64 else []))
+    expected = np.bincount(ids[ids >= 0], minlength=4)  # id 3 held by none
+    got = id_counts(tf.constant(ids, dtype), 4)
+    assert got.dtype == tf.int64 and got.numpy().tolist() == expected.tolist() == [1, 1, 3, 0]
+    assert id_counts(tf.zeros([0], dtype), 2).numpy().tolist() == [0, 0]

@@ -26,7 +26,7 @@ from recflow.embedding.plan import plan_tables
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable
 from recflow.embedding.rows import KEY_BYTES, RowLayout
 from recflow.embedding.staging import Staging
-from recflow.embedding.table import ShardedTable, ShardHandles, masked
+from recflow.embedding.table import ShardedTable, ShardHandles, id_counts, masked
 from recflow.errors import RecflowError
 from recflow.features.keys import (
     KEY_FORMAT,
@@ -246,19 +246,12 @@ class _PhysicalTable(tf.Module):
 
     def _counts(self, rows: ShardHandles, others: tuple):
         n = len(self.spec.logical)
-        held = _slot_counts(tf.concat([self.rows.bucket_slots(h) for h in rows.tables], 0), n)
+        held = id_counts(tf.concat([self.rows.bucket_slots(h) for h in rows.tables], 0), n)
         if not others:
             return held, tf.zeros([n], tf.int64)
         counted = tf.concat([self.counters.held_keys(h) for h in others[0].tables], 0)
         waiting = masked(counted, self.rowless(rows, counted))
-        return held, _slot_counts(tf.gather(waiting, 0, axis=1), n)
-
-
-def _slot_counts(slots: tf.Tensor, n: int) -> tf.Tensor:
-    """How many of `slots` [m] int64 hold each logical-table slot [n] int64; negative
-    ones (empty and deleted buckets) count for none."""
-    shifted = tf.cast(tf.maximum(slots, -1) + 1, tf.int32)  # empty or deleted -> 0
-    return tf.math.bincount(shifted, minlength=n + 1, maxlength=n + 1, dtype=tf.int64)[1:]
+        return held, id_counts(tf.gather(waiting, 0, axis=1), n)
 
 
 class LogicalRows(NamedTuple):

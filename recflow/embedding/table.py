@@ -173,6 +173,13 @@ def masked(x: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     return tf.dynamic_partition(x, tf.cast(mask, tf.int32), 2)[1]
 
 
+def id_counts(ids: tf.Tensor, n: int) -> tf.Tensor:
+    """How many of `ids` [m] (int32 or int64) equal each of 0 .. n - 1: [n] int64; negative
+    ones (empty and deleted buckets' slots) count for none. One op: `tf.math.bincount`
+    runs about 20x slower eagerly (770 against 36 us), a Python wrapper around several."""
+    return tf.math.unsorted_segment_sum(tf.ones_like(ids, tf.int64), ids, n)
+
+
 def empty_buckets(table: tf.Tensor, buckets, width: int, dtype=tf.float32) -> tf.Tensor:
     """Replaces a `DenseHashTable`'s bucket arrays (`table`: its handle) by `buckets` empty
     ones, on its device; returns a tensor ready once they are (eager or traced).
@@ -535,11 +542,7 @@ class ShardedTable(tf.Module):
                     dropped.append(tf.gather(keys, gone))
                 # Split the kept buckets' indices, then copy each piece's rows once.
                 target = _segment_by(routes, tf.gather(keys, held))
-                arrived.append(
-                    tf.math.bincount(
-                        target, minlength=self.segments, maxlength=self.segments, dtype=tf.int64
-                    )
-                )
+                arrived.append(id_counts(target, self.segments))
                 moved = [
                     (tf.gather(keys, part), tf.gather(values, part))
                     for part in tf.dynamic_partition(held, target, self.segments)
