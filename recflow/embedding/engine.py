@@ -566,17 +566,17 @@ class EmbeddingEngine(tf.Module):
         rows = table.layout.pack(emb, slots, seen, last)
         if part.new_unadmitted is None:
             table.rows.insert_shard(shard, part.keys, rows)
-        else:
-            table.rows.insert_shard(
-                shard,
-                tf.boolean_mask(part.keys, part.trainable),
-                tf.boolean_mask(rows, part.trainable),
+        else:  # one split of the keys, in order: rows where trainable, counters elsewhere
+            waiting, trainable = tf.dynamic_partition(
+                tf.range(tf.size(part.trainable)), tf.cast(part.trainable, tf.int32), 2
             )
-            waiting = part.new_unadmitted
+            table.rows.insert_shard(
+                shard, tf.gather(part.keys, trainable), tf.gather(rows, trainable)
+            )
             table.counters.insert_shard(
                 shard,
-                tf.boolean_mask(part.keys, waiting),
-                tf.boolean_mask(tf.stack([seen, last], axis=1), waiting),
+                tf.gather(part.keys, waiting),
+                tf.gather(tf.stack([seen, last], axis=1), waiting),
             )
         return Written(part.keys, rows, seen, part.trainable)
 
