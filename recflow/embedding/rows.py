@@ -31,10 +31,10 @@ class RowLayout:
 
     def split(self, rows: tf.Tensor):
         """rows [n, width] -> (emb [n, dim], slots [n, k*dim], count [n], last_step [n])."""
-        emb = rows[:, : self.dim]
-        slots = rows[:, self.dim : self.dim + self.slots_width]
-        meta = tf.bitcast(rows[:, self.dim + self.slots_width :], tf.int32)
-        return emb, slots, meta[:, 0], meta[:, 1]
+        # One op each (eager slices cost about 100 us apiece).
+        emb, slots, meta = tf.split(rows, [self.dim, self.slots_width, META_COLUMNS], axis=1)
+        count, last_step = tf.unstack(tf.bitcast(meta, tf.int32), num=META_COLUMNS, axis=1)
+        return emb, slots, count, last_step
 
     def pack(self, emb, slots, count, last_step) -> tf.Tensor:
         meta = tf.bitcast(tf.stack([count, last_step], axis=1), tf.float32)

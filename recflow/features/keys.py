@@ -98,7 +98,14 @@ def encode(ids: tf.Tensor, slot: int) -> tf.Tensor:
 
 def mixed(keys: tf.Tensor) -> tf.Tensor:
     """The mixed ids [n] of table keys [n, 2]: even over all 64 bits (placement, segments)."""
-    return keys[:, 1]
+    return columns(keys)[1]
+
+
+def columns(keys: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """(slots [n], mixed ids [n]) of table keys [n, 2], also of an unknown shape: one op
+    (eagerly 25 us, against about 100 for each column sliced out)."""
+    slots, mixed_ids = tf.unstack(keys, num=KEY_WIDTH, axis=1)
+    return slots, mixed_ids
 
 
 def unique_ids(parts: list[tf.Tensor], slots: list[int]):
@@ -127,7 +134,7 @@ def unique_with_counts(keys: tf.Tensor, one_slot: bool = False):
     if one_slot:  # the mixed id is a bijection of the id: a 1-D unique is exact
         values, index, counts = tf.unique_with_counts(mixed(keys))
         return tf.stack([keys[: tf.size(values), 0], values], axis=1), index, counts
-    return _unique(keys[:, 0], mixed(keys))
+    return _unique(*columns(keys))
 
 
 def _unique(column: tf.Tensor, mixed_ids: tf.Tensor):
@@ -160,7 +167,8 @@ def unique(keys: tf.Tensor, one_slot: bool = False):
 
 def raw_keys(keys: tf.Tensor) -> tf.Tensor:
     """Table keys [n, 2] -> (slot, raw id) pairs [n, 2] (what an export's tables hold)."""
-    return tf.stack([keys[:, 0], _unmix(keys[:, 1], keys[:, 0])], axis=1)
+    slots, mixed_ids = columns(keys)
+    return tf.stack([slots, _unmix(mixed_ids, slots)], axis=1)
 
 
 def decode(keys) -> tuple[np.ndarray, np.ndarray]:
