@@ -200,7 +200,9 @@ class _PhysicalTable(tf.Module):
         live = self.rowless(others[0], tf.concat(keys, 0))
         ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
         if ttl is not None:
-            last = tf.concat([tf.gather(values[:, 1], held) for _, values, held in segments], 0)
+            # A counter's values are (sightings, last step): one unstack, not a slice.
+            columns = [tf.unstack(values, num=COUNTER_WIDTH, axis=1)[1] for _, values, _ in segments]
+            last = tf.concat([tf.gather(c, held) for c, (_, _, held) in zip(columns, segments)], 0)
             live = tf.logical_and(live, last > tf.cast(step, tf.int32) - ttl)
         return tf.split(live, tf.stack([tf.shape(k)[0] for k in keys]))
 

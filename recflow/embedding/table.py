@@ -267,9 +267,12 @@ def _segment_by(routes: tf.Tensor, keys: tf.Tensor) -> tf.Tensor:
     route = tf.bitwise.bitwise_and(
         tf.bitwise.right_shift(mixed(keys), tf.constant(ROUTE_SHIFT, tf.int64)), ROUTES - 1
     )
-    return tf.raw_ops.UpperBound(
-        sorted_inputs=tf.expand_dims(routes, 0), values=tf.expand_dims(route, 0), out_type=tf.int32
-    )[0]
+    return tf.squeeze(  # eagerly 21 us; an index [0] is a strided slice of ~100
+        tf.raw_ops.UpperBound(
+            sorted_inputs=tf.expand_dims(routes, 0), values=tf.expand_dims(route, 0), out_type=tf.int32
+        ),
+        0,
+    )
 
 
 class Segment(tf.lookup.experimental.DenseHashTable):
