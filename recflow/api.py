@@ -78,7 +78,9 @@ def make_trainer(config: Config, verbose: int = 0, callbacks=None, warm_start: s
 
         role = read_tf_config()
         if not role.coordinates:
-            serve(role)  # ps and worker tasks serve until they are stopped
+            from recflow.data.sources import kernel_libraries
+
+            serve(role, kernel_libraries(config))  # ps and worker tasks serve until stopped
             raise SystemExit(0)
         from recflow.distribute.ps_runner import ps_trainer
 

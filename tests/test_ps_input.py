@@ -79,6 +79,22 @@ def test_two_workers_read_and_train_each_row_once(tmp_path, csv_files):
     assert saved[-1] == metrics["steps"]
 
 
+def test_parquet_files_train_on_a_worker(tmp_path):
+    """A worker's server runs the Parquet reader's kernels (tensorflow-io's op library,
+    which it loads without importing tensorflow_io): each row is trained once."""
+    root = tmp_path / "pq"
+    subprocess.run([sys.executable, "-m", "recflow.cli", "data", "synth", "--out", str(root),
+                    "--rows", "1000", "--format", "parquet"], env=ENV, check=True, capture_output=True)
+    model_dir = tmp_path / "parquet"
+    launcher = launch(model_dir, [
+        "data.format=parquet", f"data.train={root}/train.parquet", f"data.eval={root}/eval.parquet",
+        "train.checkpoint_every_steps=null",
+    ], workers=1)
+    metrics, _ = finish(launcher, model_dir)
+    assert metrics["examples"] == metrics["examples_applied"] == 1000
+    assert metrics["steps"] == -(-1000 // BATCH)
+
+
 def _positions(checkpoint_prefix):
     import tensorflow as tf
 

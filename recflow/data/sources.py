@@ -118,6 +118,20 @@ def needs(config: Config) -> list[Need]:
     return result
 
 
+def kernel_libraries(config: Config) -> list[str]:
+    """The op libraries the input's graphs need beyond TF's own kernels: tensorflow-io's,
+    which reads Parquet. A TF server that runs those graphs (a worker task) loads them
+    with `load_op_library`: importing tensorflow_io would import TF's whole Python API."""
+    if config.data.format != "parquet":
+        return []
+    import importlib.util
+
+    spec = importlib.util.find_spec("tensorflow_io")
+    if spec is None:
+        raise DataError("data.format: parquet needs the tensorflow-io package (pip install tensorflow-io)")
+    return [os.path.join(spec.submodule_search_locations[0], "python", "ops", "libtensorflow_io.so")]
+
+
 def label_need(config: Config, label: str) -> Need:
     """The use of a label column."""
     return next(n for n in needs(config) if n.kind == LABEL and n.column == label)
