@@ -550,9 +550,7 @@ def test_a_warning_prints_once_when_the_root_logger_has_a_handler(tmp_path, caps
 def test_launch_starts_its_tasks_without_importing_tensorflow(tmp_path):
     # The launcher checks the config and the data, then only starts processes: a
     # TensorFlow import there would delay every task's start by its own (~2 s).
-    write_csv(tmp_path, ["user_id,item_id,price,click", "1,a,2.0,1"])
-    write_config(tmp_path, tiny_config(tmp_path), "good.yaml")
-    proc = _script(tmp_path, "launch_without_tensorflow.py")
+    proc = _script_on_good_config(tmp_path, "launch_without_tensorflow.py")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False ['chief', 'worker', 'ps']", proc.stderr
 
@@ -560,12 +558,17 @@ def test_launch_starts_its_tasks_without_importing_tensorflow(tmp_path):
 def test_a_ps_task_runs_tensorflows_server_without_its_python_api(tmp_path):
     # A PS or worker task runs the graphs the chief sends: TF's runtime, not its API
     # (`import tensorflow` costs every task's (re)start ~2.5 CPU s more).
-    write_csv(tmp_path, ["user_id,item_id,price,click", "1,a,2.0,1"])
-    write_config(tmp_path, tiny_config(tmp_path), "good.yaml")
-    proc = _script(tmp_path, "server_without_tensorflow_api.py")
+    proc = _script_on_good_config(tmp_path, "server_without_tensorflow_api.py")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False False True", proc.stderr
     assert "cuDNN" not in proc.stderr  # the runtime's load is as quiet as the full import
+
+
+def _script_on_good_config(folder: Path, name: str) -> subprocess.CompletedProcess:
+    """Runs tests/scripts/`name` in `folder`, there given good.yaml (`tiny_config`) and its data."""
+    write_csv(folder, ["user_id,item_id,price,click", "1,a,2.0,1"])
+    write_config(folder, tiny_config(folder), "good.yaml")
+    return _script(folder, name)
 
 
 def _script(folder: Path, name: str) -> subprocess.CompletedProcess:

@@ -140,6 +140,18 @@ def train_chunks(config, data, sizes, shards, prefetch):
     return model, results
 
 
+def assert_trained_as(want, model):
+    """`model` holds the tables (keys exactly, values to float rounding) and dense weights
+    of the snapshot `want`."""
+    (want_tables, want_dense), (got_tables, got_dense) = want, snapshot(model)
+    assert want_tables.keys() == got_tables.keys()
+    for name, (keys, values) in want_tables.items():
+        np.testing.assert_array_equal(got_tables[name][0], keys, err_msg=name)
+        np.testing.assert_allclose(got_tables[name][1], values, rtol=1e-5, atol=1e-6, err_msg=name)
+    for w, have in zip(want_dense, got_dense):
+        np.testing.assert_allclose(have, w, rtol=1e-5, atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def sequential():
     """`(snapshot, losses)` of `train_sequential` on the first `count` batches of `seed`,
@@ -163,7 +175,7 @@ def sequential():
 def test_chunks_train_exactly_as_step_by_step(sequential, min_count, shards, prefetch):
     config = make_config(min_count)
     data = batches(seed=min_count)
-    (want_tables, want_dense), step_losses = sequential(min_count, min_count, STEPS, shards)
+    want, step_losses = sequential(min_count, min_count, STEPS, shards)
     got, results = train_chunks(config, data, [4, 2], shards, prefetch)
     assert [int(r.steps) for r in results] == [4, 2] and int(got.global_step) == STEPS
     assert [int(r.rows) for r in results] == [4 * BATCH, 2 * BATCH]
@@ -171,13 +183,7 @@ def test_chunks_train_exactly_as_step_by_step(sequential, min_count, shards, pre
     np.testing.assert_allclose(
         [float(r.loss) for r in results], [step_losses[3], step_losses[5]], rtol=1e-5
     )
-    got_tables, got_dense = snapshot(got)
-    assert want_tables.keys() == got_tables.keys()
-    for name, (keys, values) in want_tables.items():
-        np.testing.assert_array_equal(got_tables[name][0], keys, err_msg=name)
-        np.testing.assert_allclose(got_tables[name][1], values, rtol=1e-5, atol=1e-6, err_msg=name)
-    for want, have in zip(want_dense, got_dense):
-        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
+    assert_trained_as(want, got)
 
 
 def test_refresh_is_what_makes_it_exact():
@@ -221,14 +227,7 @@ def test_chunk_skips_batches_without_rows(sequential, prefetch, where):
     assert (int(result.read), int(result.steps), int(result.rows)) == (4, 3, 3 * BATCH)
     assert int(result.bad) == 7 and int(model.bad_records) == 7
     # The same tables and weights as the three batches with rows, trained step by step.
-    (want_tables, want_dense), _ = sequential(1, 5, 3, 1)
-    got_tables, got_dense = snapshot(model)
-    assert want_tables.keys() == got_tables.keys()
-    for name, (keys, values) in want_tables.items():
-        np.testing.assert_array_equal(got_tables[name][0], keys, err_msg=name)
-        np.testing.assert_allclose(got_tables[name][1], values, rtol=1e-5, atol=1e-6, err_msg=name)
-    for want, have in zip(want_dense, got_dense):
-        np.testing.assert_allclose(have, want, rtol=1e-5, atol=1e-6)
+    assert_trained_as(sequential(1, 5, 3, 1)[0], model)
 
 
 def test_staging_slots_are_not_model_state(tmp_path):

@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from recflow.errors import RecflowError
@@ -61,7 +62,7 @@ def read_tf_config(environ=os.environ) -> TaskRole:
     return role
 
 
-def serve(role: TaskRole, libraries: list[str] | tuple = ()) -> None:
+def serve(role: TaskRole, libraries: Sequence[str] = ()) -> None:
     """Runs this process's TF gRPC server until the process is stopped.
 
     A server runs the graphs the chief sends it: it needs TF's runtime (the C++

@@ -201,8 +201,10 @@ class _PhysicalTable(tf.Module):
         ttl = self.spec.eviction.ttl_steps if self.spec.eviction else None
         if ttl is not None:
             # A counter's values are (sightings, last step): one unstack, not a slice.
-            columns = [tf.unstack(values, num=COUNTER_WIDTH, axis=1)[1] for _, values, _ in segments]
-            last = tf.concat([tf.gather(c, held) for c, (_, _, held) in zip(columns, segments)], 0)
+            last = tf.concat(
+                [tf.gather(tf.unstack(v, num=COUNTER_WIDTH, axis=1)[1], held) for _, v, held in segments],
+                0,
+            )
             live = tf.logical_and(live, last > tf.cast(step, tf.int32) - ttl)
         return tf.split(live, tf.stack([tf.shape(k)[0] for k in keys]))
 
