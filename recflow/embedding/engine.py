@@ -26,7 +26,7 @@ from recflow.embedding.plan import plan_tables
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable
 from recflow.embedding.rows import KEY_BYTES, RowLayout
 from recflow.embedding.staging import Staging
-from recflow.embedding.table import ShardedTable, ShardHandles, id_counts, masked
+from recflow.embedding.table import ShardedTable, ShardHandles, Watches, id_counts, masked
 from recflow.errors import RecflowError
 from recflow.features.keys import (
     KEY_FORMAT,
@@ -303,6 +303,7 @@ class EmbeddingEngine(tf.Module):
             self.physical_tables.append(
                 _PhysicalTable(spec, uses, self.placement, seed, config.data.batch_size)
             )
+        self._watches = None  # the growth check's reads, traced at its first call (`grow`)
 
     def _outputs(self, feature: Feature):
         yield feature.name, feature.table_name
@@ -609,14 +610,23 @@ class EmbeddingEngine(tf.Module):
         """Lays out again, keeping every row, the shards whose next step's inserts could
         double a segment (`ShardedTable.grow`); returns the keys moved per physical table
         (only tables that moved some). Between steps only (after a PS wave's join)."""
+        if self._watches is None:
+            self._watches = Watches([part for _, part in self._growing()])
         moved = {}
-        for table in self.physical_tables:
-            n = table.rows.grow()
-            if table.counters is not None:
-                n += table.counters.grow()
+        for (name, part), watched in zip(self._growing(), self._watches.read()):
+            n = part.grow(watched)
             if n:
-                moved[table.spec.name] = n
+                moved[name] = moved.get(name, 0) + n
         return moved
+
+    def _growing(self) -> list[tuple[str, ShardedTable]]:
+        """(physical table name, its rows or counters) of every hash table the engine holds."""
+        return [
+            (table.spec.name, part)
+            for table in self.physical_tables
+            for part in (table.rows, table.counters)
+            if part is not None
+        ]
 
     def rebuild(self, step: int) -> dict[str, int]:
         """Evicts (`ttl_steps`, `max_keys`) and drops stale admission counters at `step`.

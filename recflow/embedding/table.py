@@ -22,9 +22,10 @@ none more than half of the sum.
 **Growth** (`ShardedTable.grow`). Segments of one layout all reach the same load
 together, so left to the kernel they would all double at about the same time and
 a shard's buckets/keys would swing between 1.1x and 2.2x (mean ~1.6x). Instead,
-after every step (every PS wave) a cheap check reads each segment's size and the
-largest insert the shard took since the last check; a shard where that insert
-could make some segment double is laid out again, keeping every row
+after every step (every PS wave) a cheap check (`Watches`: one call for every table of
+an engine) reads each segment's size and the largest insert the shard took since the
+last check; a shard where that insert could make some segment double is laid out
+again, keeping every row
 (`grow_buckets`: at most `GROWTH_RATIO` times the buckets its keys and a step's
 inserts fill, so about 10%-17% of room for new keys), by the streaming rebuild.
 Its buckets/keys thus stays between ~1/MAX_LOAD (1.11x) and `GROWTH_RATIO`
@@ -590,10 +591,11 @@ class ShardedTable(tf.Module):
 
         return run
 
-    def grow(self) -> int:
+    def grow(self, watched: list) -> int:
         """Lays out again each shard that the next step's inserts could make double a
         segment, or that holds more buckets than a growth layout would (a segment
         doubled anyway); returns the keys moved (module docstring, "Growth").
+        `watched`: this table's part of `Watches.read`.
 
         A step's inserts are bounded by the largest insert the shard took since the
         last call or the one before (so a short last batch of an epoch does not shrink
@@ -602,7 +604,7 @@ class ShardedTable(tf.Module):
         into the segment it left.
         """
         moved = 0
-        for i, (largest, held, buckets, shares) in enumerate(self._watch.read()):
+        for i, (largest, held, buckets, shares) in enumerate(watched):
             if largest == 0:
                 continue
             step = max(largest, self._watch.previous[i])
@@ -693,7 +695,7 @@ class _Functions:
 
 class _Watch:
     """Per shard of a `ShardedTable`, on its device: the largest insert it took since the
-    last `read`, and a function that reads that and every segment's keys and buckets.
+    last read (`Watches.read`).
 
     Not checkpointed: after a restore the first step's inserts are not foreseen (a
     segment may double once; the next `ShardedTable.grow` lays the shard out again).
@@ -710,24 +712,15 @@ class _Watch:
                     )
                 )
         self.previous = [0] * table.num_shards  # per shard: the largest insert `grow` read last
-        self._read = None
 
     def saw(self, i: int, n: tf.Tensor) -> None:
         """Records an insert of `n` keys into shard `i` (in the step; on its device)."""
         self.largest[i].assign(tf.maximum(self.largest[i], n))
 
-    def read(self) -> list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-        """Per shard: (largest insert since the last read, keys of each segment, buckets of
-        each segment, each segment's share of the routes); resets the largest insert."""
-        if self._read is None:
-            self._read = traced(self._stats)
-        out = []
-        for step, held, buckets, routes in self._read():
-            bounds = np.concatenate([[0], routes.numpy()])
-            out.append((int(step), held.numpy(), buckets.numpy(), np.diff(bounds) / ROUTES))
-        return out
-
-    def _stats(self):
+    def stats(self) -> list:
+        """Per shard, as tensors on its device: (largest insert since the last read, keys of
+        each segment, buckets of each segment, each segment's upper route); resets the
+        largest insert."""
         table, out = self.table, []
         for i in range(table.num_shards):
             with tf.device(table.placement.device(i)):
@@ -737,4 +730,25 @@ class _Watch:
                 held = tf.stack([t.size() for t in table.shards[i]])
                 buckets = tf.stack([tf.shape(t.export()[0], tf.int64)[0] for t in table.shards[i]])
                 out.append((step, held, buckets, table.routes[i].read_value()))
+        return out
+
+
+class Watches:
+    """The growth check's reads of several tables (an engine's) in one traced call: one
+    trace for them all, and under parameter servers one call per wave, not one per table."""
+
+    def __init__(self, tables: list[ShardedTable]):
+        self.tables = tables
+        self._read = traced(lambda: [table._watch.stats() for table in tables])
+
+    def read(self) -> list[list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]]:
+        """Per table, per shard: (largest insert since the last read, keys of each segment,
+        buckets of each segment, each segment's share of the routes); resets the largest
+        inserts."""
+        out = []
+        for shards in self._read():
+            out.append([])
+            for step, held, buckets, routes in shards:
+                bounds = np.concatenate([[0], routes.numpy()])
+                out[-1].append((int(step), held.numpy(), buckets.numpy(), np.diff(bounds) / ROUTES))
         return out
