@@ -280,3 +280,24 @@ def test_id_counts_count_each_id_and_no_negative_one(dtype):
     got = id_counts(tf.constant(ids, dtype), 4)
     assert got.dtype == tf.int64 and got.numpy().tolist() == expected.tolist() == [1, 1, 3, 0]
     assert id_counts(tf.zeros([0], dtype), 2).numpy().tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("traced", [False, True])
+def test_rowless_finds_the_keys_without_a_row_across_chunks(traced):
+    """Which keys lack a row, looked up a few keys at a time (eager: a Python loop over
+    the chunks; traced: a while_loop): the same answer as a set lookup, in key order."""
+    engine = make_engine(1, None)
+    rows = random_rows(2)
+    fill(engine, rows, np.zeros([0], np.int64), np.zeros([0], np.int32))
+    table = engine.physical_tables[0]
+    rng = np.random.default_rng(3)
+    unseen = rng.integers(-(2**63), 2**63 - 1, 40, np.int64, True)
+    ids = rng.permutation(np.concatenate([rows["ids"][:60], unseen]))
+    keys = encode(tf.constant(ids), 0)
+    handles = table.rows.handles(0)
+    for n, chunk in [(100, 7), (100, 100), (1, 7), (0, 7)]:
+        def run(keys=keys[:n], chunk=chunk):
+            return table.rowless(handles, keys, chunk=chunk)
+
+        got = (tf.function(run, autograph=False) if traced else run)().numpy()
+        assert got.tolist() == [i not in set(rows["ids"].tolist()) for i in ids[:n]], (n, chunk)
