@@ -181,6 +181,52 @@ def id_counts(ids: tf.Tensor, n: int) -> tf.Tensor:
     return tf.math.unsorted_segment_sum(tf.ones_like(ids, tf.int64), ids, n)
 
 
+def _pinned(values: tf.Tensor, width: int) -> tf.Tensor:
+    """Values of a lookup or an export, shaped [n, width] ([n] when width is 0). Traced ones
+    come with an unknown static shape: pin it right away (eager ones know theirs, and an
+    eager reshape costs more than the export)."""
+    shape = [-1, width] if width else [-1]
+    if values.shape.rank == len(shape) and values.shape[1:] == shape[1:]:
+        return values
+    return tf.reshape(values, shape)
+
+
+def _bucket_arrays(table: tf.Tensor, dtype, width: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """A segment's bucket arrays (`table`: its handle), empty buckets included: the
+    arrays themselves, not a copy (valid until the segment is next written)."""
+    keys, values = tf.raw_ops.LookupTableExportV2(table_handle=table, Tkeys=tf.int64, Tvalues=dtype)
+    keys = keys if keys.shape[1:] == [KEY_WIDTH] else tf.reshape(keys, [-1, KEY_WIDTH])
+    return keys, _pinned(values, width)
+
+
+def _held_buckets(table: tf.Tensor, dtype, width: int) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    """(key buckets, value buckets, indices of the buckets that hold a key) of a segment."""
+    keys, values = _bucket_arrays(table, dtype, width)
+    slots = tf.gather(keys, 0, axis=1)  # >= 0: not empty/deleted (a gather: eager slices are slow)
+    return keys, values, tf.squeeze(tf.where(slots >= 0), 1)  # eager: 21 us, a reshape 61
+
+
+@functools.cache
+def _exporter(dtype: tf.DType, width: int, segments: int):
+    """The concrete function `(segment handles...) -> (keys, values)` of what a shard's
+    segments hold, in segment and bucket order, empty buckets dropped. One call instead
+    of seven ops a segment: eagerly, each op a dispatch; on a parameter server, each a
+    round trip. It depends on the row format only, so tables of one format share it; its
+    ops carry no device and run where it is called."""
+    handle = tf.TensorSpec([], tf.resource)
+
+    @tf.function(input_signature=[handle] * segments, autograph=False)
+    def export(*tables):
+        keys, values = [], []
+        for table in tables:
+            k, v, held = _held_buckets(table, dtype, width)
+            keys.append(tf.gather(k, held))
+            values.append(tf.gather(v, held))
+        return tf.concat(keys, 0), tf.concat(values, 0)
+
+    return export.get_concrete_function()
+
+
 def empty_buckets(table: tf.Tensor, buckets, width: int, dtype=tf.float32) -> tf.Tensor:
     """Replaces a `DenseHashTable`'s bucket arrays (`table`: its handle) by `buckets` empty
     ones, on its device; returns a tensor ready once they are (eager or traced).
@@ -374,12 +420,7 @@ class ShardedTable(tf.Module):
         return len(self.shards)
 
     def _shape(self, values: tf.Tensor) -> tf.Tensor:
-        # Traced lookups and exports return an unknown static shape: pin it right away
-        # (eager ones know theirs, and an eager reshape costs more than the export).
-        shape = [-1, self.width] if self.width else [-1]
-        if values.shape.rank == len(shape) and values.shape[1:] == shape[1:]:
-            return values
-        return tf.reshape(values, shape)
+        return _pinned(values, self.width)
 
     @staticmethod
     def _split(keys: tf.Tensor, part: tf.Tensor, n: int):
@@ -418,41 +459,17 @@ class ShardedTable(tf.Module):
             return [t.insert(k, v) for t, k, v in zip(self.shards[i], key_parts, value_parts)]
 
     def export_shard(self, i: int) -> tuple[tf.Tensor, tf.Tensor]:
-        """(keys, values) held by shard `i`, empty buckets dropped; runs on the shard's device."""
-        parts = [self.segment_rows(i, j) for j in range(self.segments)]
+        """(keys, values) held by shard `i`, segment by segment in bucket order, empty
+        buckets dropped: one call of a traced function on the shard's device (`_exporter`)."""
+        export = _exporter(tf.as_dtype(self.value_dtype), self.width, self.segments)
         with tf.device(self.placement.device(i)):
-            return tf.concat([k for k, _ in parts], 0), tf.concat([v for _, v in parts], 0)
+            return export(*(t.resource_handle for t in self.shards[i]))
 
     def _buckets(self, table: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        """A segment's bucket arrays (`table`: its handle), empty buckets included: the
-        arrays themselves, not a copy (valid until the segment is next written)."""
-        keys, values = tf.raw_ops.LookupTableExportV2(
-            table_handle=table, Tkeys=tf.int64, Tvalues=self.value_dtype
-        )
-        keys = keys if keys.shape[1:] == [KEY_WIDTH] else tf.reshape(keys, [-1, KEY_WIDTH])
-        return keys, self._shape(values)
+        return _bucket_arrays(table, self.value_dtype, self.width)
 
     def _held(self, table: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """(key buckets, value buckets, indices of the buckets that hold a key) of a segment."""
-        keys, values = self._buckets(table)
-        slots = tf.gather(keys, 0, axis=1)  # >= 0: not empty/deleted (a gather: eager slices are slow)
-        return keys, values, tf.squeeze(tf.where(slots >= 0), 1)  # eager: 21 us, a reshape 61
-
-    def segment_rows(
-        self, i: int, j: int, pick: tf.Tensor | None = None
-    ) -> tuple[tf.Tensor, tf.Tensor]:
-        """(keys, values) segment `j` of shard `i` holds, in bucket order; with `pick` (bool
-        over them), only those. Copies these rows only; runs on the shard's device."""
-        with tf.device(self.placement.device(i)):
-            keys, values, held = self._held(self.shards[i][j].resource_handle)
-            if pick is not None:
-                held = masked(held, pick)
-            return tf.gather(keys, held), tf.gather(values, held)
-
-    def segment_keys(self, i: int, j: int) -> tf.Tensor:
-        """The keys segment `j` of shard `i` holds, in bucket order (not their values)."""
-        with tf.device(self.placement.device(i)):
-            return self.held_keys(self.shards[i][j].resource_handle)
+        return _held_buckets(table, self.value_dtype, self.width)
 
     def bucket_slots(self, table: tf.Tensor) -> tf.Tensor:
         """The slot of each bucket of a segment (`table`: its handle) [buckets] int64:
