@@ -144,28 +144,31 @@ class StoreMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------------ invariants
 
+    def embeddings(self, ids: list, missing: np.ndarray | None = None) -> np.ndarray:
+        """The embedding each id got when its row was created [len(ids), 2] (all compared
+        at once: a per-row assert costs more than the engine call it checks)."""
+        rows = [self.emb[k] if missing is None else self.emb.get(k, missing) for k in ids]
+        return np.array(rows, np.float32).reshape(len(ids), 2)
+
     @invariant()
     def matches_the_dict(self):
         got = self.engine.logical_rows()["t"]
         ids = got.ids.tolist()
         assert len(ids) == len(set(ids)), "a key is held twice"
         assert {k: [c, s] for k, c, s in zip(ids, got.count.tolist(), got.last_step.tolist())} == self.rows
-        for key, emb in zip(ids, got.emb):
-            np.testing.assert_array_equal(emb, self.emb[key])
+        np.testing.assert_array_equal(got.emb, self.embeddings(ids), err_msg=f"ids {ids}")
         stats = self.engine.table_stats()["t"]
         assert stats["keys"] == len(self.rows) and sum(stats["shards"]) == len(self.rows)
         assert stats["waiting_keys"] == len(self.waiting)
         keys, emb = (t.numpy() for t in self.engine.serving_rows(0))  # (slot, raw id) pairs
         assert (keys[:, 0] == 0).all() and sorted(keys[:, 1].tolist()) == sorted(self.rows)
-        for key, row in zip(keys[:, 1].tolist(), emb):
-            np.testing.assert_array_equal(row, self.emb[key])
+        np.testing.assert_array_equal(emb, self.embeddings(keys[:, 1].tolist()), err_msg=f"ids {keys[:, 1]}")
 
     @invariant()
     def lookups_read_the_rows(self):
         probe = sorted(self.rows)[:8] + [999_999_999]
         out = self.engine.embed({"item": tf.constant(probe, tf.int64)})["item"].numpy()
-        for key, emb in zip(probe, out):
-            np.testing.assert_array_equal(emb, self.emb.get(key, np.zeros(2, np.float32)))
+        np.testing.assert_array_equal(out, self.embeddings(probe, missing=np.zeros(2, np.float32)))
 
 
 @pytest.mark.parametrize("shards", [1, 3])
