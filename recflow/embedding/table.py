@@ -755,7 +755,6 @@ class Watches:
     trace for them all, and under parameter servers one call per wave, not one per table."""
 
     def __init__(self, tables: list[ShardedTable]):
-        self.tables = tables
         self._read = traced(lambda: [table._watch.stats() for table in tables])
 
     def read(self) -> list[list[tuple[int, np.ndarray, np.ndarray, np.ndarray]]]:
