@@ -18,6 +18,7 @@ import sys
 import time
 
 import numpy as np
+import procs
 import pytest
 import tensorflow as tf
 
@@ -243,7 +244,7 @@ def test_killed_in_epoch_two_with_its_cache_damaged_resumes_to_the_uninterrupted
     whole, killed = tmp_path / "whole", tmp_path / "killed"
     # The run never killed, in this process (what `recflow train` runs); the killed one is a process.
     recflow.api.train("configs/deepfm_demo.yaml", overrides=settings(whole))
-    proc = subprocess.Popen(command(killed), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = procs.Popen(command(killed), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     mid_epoch_two = killed / "checkpoints" / "ckpt-14.index"  # 10 steps per epoch
     deadline = time.time() + 300
     while not mid_epoch_two.exists() and proc.poll() is None and time.time() < deadline:
@@ -254,7 +255,7 @@ def test_killed_in_epoch_two_with_its_cache_damaged_resumes_to_the_uninterrupted
     (built,) = glob.glob(str(killed / "cache" / "train-*"))
     damage_flip(built)
 
-    assert subprocess.run(command(killed), env=ENV, capture_output=True).returncode == 0
+    assert procs.run(command(killed), env=ENV, capture_output=True).returncode == 0
     metrics = json.loads((killed / "metrics.json").read_text())
     assert metrics["steps"] == json.loads((whole / "metrics.json").read_text())["steps"] == 30
     assert_same_tables(killed, whole)

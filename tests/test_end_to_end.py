@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import procs
 import pytest
 from conftest import DEMO, TRAINED, items, sets, small
 
@@ -102,7 +103,7 @@ def test_export_serves_in_plain_tensorflow_and_matches(trained, restored, tmp_pa
 
     frame = pd.DataFrame({k: v for k, v in raw.items()})
     frame.to_csv(tmp_path / "rows.csv", index=False)
-    result = subprocess.run(
+    result = procs.run(
         [sys.executable, "-m", "recflow.cli", "predict", str(export_dir), str(tmp_path / "rows.csv")],
         check=True, env=env, capture_output=True, text=True,
     )

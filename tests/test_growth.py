@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import procs
 import pytest
 import tensorflow as tf
 
@@ -152,7 +153,7 @@ def test_growth_on_two_parameter_servers():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     script = os.path.join(root, "tests", "scripts", "ps_growth_on_two_ps.py")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run(
+    out = procs.run(
         [sys.executable, script], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]

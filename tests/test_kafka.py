@@ -20,6 +20,7 @@ import sys
 import time
 
 import numpy as np
+import procs
 import pytest
 from kafka_broker import Broker, broker_binary
 from test_resume_and_stream import assert_same_rows
@@ -120,7 +121,7 @@ def test_kill_9_at_random_moments_ends_with_the_uninterrupted_tables(broker, tmp
     targets = [int(rng.integers(3 + 20 * k, 20 * (k + 1))) for k in range(3)]
     kills = 0
     for target in targets:
-        proc = subprocess.Popen(command(config, "--model-dir", killed, *steps), env=ENV,
+        proc = procs.Popen(command(config, "--model-dir", killed, *steps), env=ENV,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         while proc.poll() is None and (checkpoint_steps(killed) or [0])[-1] < target:
             time.sleep(0.005)
@@ -131,7 +132,7 @@ def test_kill_9_at_random_moments_ends_with_the_uninterrupted_tables(broker, tmp
         proc.wait()
         assert proc.returncode in (0, -signal.SIGKILL), proc.stderr.read().decode()
         assert (checkpoint_steps(killed) or [64])[-1] < 64, f"finished before kill {kills + 1} (seed {seed})"
-    done = subprocess.run(command(config, "--model-dir", killed, *steps), env=ENV, capture_output=True)
+    done = procs.run(command(config, "--model-dir", killed, *steps), env=ENV, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
     assert kills == 3
     assert checkpoint_steps(killed)[-1] == 64
@@ -158,7 +159,7 @@ def test_broker_restart_mid_run_then_an_outage_that_lasts(broker, tmp_path):
     model_dir = str(tmp_path / "run")
     config = write_config(tmp_path / "c.yaml", broker.servers, "restart", model_dir,
                           connect_timeout_s=8, metadata_interval_s=1)
-    proc = subprocess.Popen(command(config, "--set", "train.checkpoint_every_steps=1"), env=ENV,
+    proc = procs.Popen(command(config, "--set", "train.checkpoint_every_steps=1"), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         while (checkpoint_steps(model_dir) or [0])[-1] < 10:  # all 320 trained
@@ -239,7 +240,7 @@ def test_sigterm_ends_a_live_stream_normally(broker, tmp_path):
     sets = [f"data.kafka.servers={broker.servers}", "data.kafka.topic=live", "data.batch_size=32",
             f"train.model_dir={model_dir}", "export.delta_every_seconds=0.5"]
     args = [a for s in sets for a in ("--set", s)]
-    proc = subprocess.Popen(command(os.path.join(ROOT, "examples", "kafka_stream.yaml"), *args), env=ENV,
+    proc = procs.Popen(command(os.path.join(ROOT, "examples", "kafka_stream.yaml"), *args), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stop = threading.Event()
     sent = []

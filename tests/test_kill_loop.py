@@ -24,6 +24,7 @@ import sys
 import time
 
 import numpy as np
+import procs
 import pytest
 import tensorflow as tf
 
@@ -137,12 +138,12 @@ def test_random_kill_9_loop_ends_with_an_uninterrupted_runs_state(tmp_path):
     seed = int(os.environ.get("RECFLOW_KILL_SEED", "2026"))
     rng = random.Random(seed)
     whole, killed = str(tmp_path / "whole"), str(tmp_path / "killed")
-    assert subprocess.run(command(whole), env=ENV, capture_output=True).returncode == 0
+    assert procs.run(command(whole), env=ENV, capture_output=True).returncode == 0
 
     kills, log = 0, []
     while kills < KILLS:
         reached, trigger, delay = kill_plan(rng, kills)
-        proc = subprocess.Popen(command(killed), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = procs.Popen(command(killed), env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         armed = time.time() if reached is None else None
         deadline = time.time() + 300
         while proc.poll() is None and time.time() < deadline:
@@ -163,7 +164,7 @@ def test_random_kill_9_loop_ends_with_an_uninterrupted_runs_state(tmp_path):
         kills += 1
         log.append((reached, trigger, newest(killed, "checkpoints/ckpt-*.index")))
     else:
-        final = subprocess.run(command(killed), env=ENV, capture_output=True, text=True)
+        final = procs.run(command(killed), env=ENV, capture_output=True, text=True)
         assert final.returncode == 0, final.stderr[-3000:]
     if kills < KILLS:  # the run ended early: go again from the start of a fresh dir
         pytest.fail(f"the run finished after {kills} kills (seed {seed}); schedule kills earlier")
@@ -182,7 +183,7 @@ def test_random_kill_9_loop_ends_with_an_uninterrupted_runs_state(tmp_path):
         np.testing.assert_allclose(dense_a[name], dense_b[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
     tables = [
-        json.loads(subprocess.run([sys.executable, "-m", "recflow.cli", "tables", d, "--json"],
+        json.loads(procs.run([sys.executable, "-m", "recflow.cli", "tables", d, "--json"],
                                   env=ENV, check=True, capture_output=True, text=True).stdout)
         for d in (whole, killed)
     ]

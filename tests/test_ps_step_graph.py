@@ -9,9 +9,9 @@ The step is traced in a separate process connected to a real in-process PS serve
 
 import json
 import os
-import subprocess
 import sys
 
+import procs
 import pytest
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
@@ -22,7 +22,7 @@ RUN_ON_A_WORKER = os.path.join(SCRIPTS, "ps_prefetch_on_a_worker.py")
 def _run(script):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run(
+    out = procs.run(
         [sys.executable, script], cwd=root, env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0, out.stderr[-3000:]

@@ -10,6 +10,7 @@ import sys
 import time
 
 import numpy as np
+import procs
 import yaml
 
 import recflow.api as recflow_api
@@ -20,7 +21,7 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
 
 
 def recflow(*args, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "recflow.cli", *args], env=ENV, **kwargs)
+    return procs.Popen([sys.executable, "-m", "recflow.cli", *args], env=ENV, **kwargs)
 
 
 def tables_report(model_dir) -> dict:

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import procs
 import pytest
 import yaml
 from conftest import fingerprint_ids
@@ -235,7 +236,7 @@ def wait_for(port, condition, what, seconds=90):
 
 
 def start_server(model_dir, port, log):
-    return subprocess.Popen(
+    return procs.Popen(
         [sys.executable, "-m", "recflow.cli", "serve", str(model_dir), "--port", str(port),
          "--model-name", "m"],
         stdout=log, stderr=subprocess.STDOUT,

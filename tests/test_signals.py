@@ -9,6 +9,7 @@ import sys
 import time
 
 import numpy as np
+import procs
 import pytest
 import tf_keras as keras
 from conftest import DEMO as CONFIG
@@ -114,7 +115,7 @@ def test_the_cli_says_where_it_stopped_and_exits_128_plus_the_signal(tmp_path, s
         "train.checkpoint_every_steps": 20,
     }
     args = [a for k, v in sets.items() for a in ("--set", f"{k}={json.dumps(v)}")]
-    proc = subprocess.Popen(
+    proc = procs.Popen(
         [sys.executable, "-m", "recflow.cli", "train", CONFIG, "--quiet", "--model-dir", str(model_dir), *args],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
