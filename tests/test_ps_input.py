@@ -15,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+import procs
 import pytest
 from conftest import items, small
 from test_ps_cluster import pid_of, wait_for  # pytest puts tests/ on sys.path
@@ -43,8 +44,8 @@ def finish(launcher, model_dir):
 def csv_files(tmp_path_factory):
     """4 CSV files of the demo schema, of 1000, 900, 1100 and 1000 rows, and an eval file."""
     root = tmp_path_factory.mktemp("csv")
-    subprocess.run([sys.executable, "-m", "recflow.cli", "data", "synth", "--out", str(root),
-                    "--rows", "4000"], env=ENV, check=True, capture_output=True)
+    procs.run([sys.executable, "-m", "recflow.cli", "data", "synth", "--out", str(root),
+               "--rows", "4000"], env=ENV, check=True, capture_output=True)
     lines = (root / "train.csv").read_text().splitlines()
     header, rows = lines[0], lines[1:]
     sizes = [1000, 900, 1100, 1000]
@@ -83,8 +84,8 @@ def test_parquet_files_train_on_a_worker(tmp_path):
     """A worker's server runs the Parquet reader's kernels (tensorflow-io's op library,
     which it loads without importing tensorflow_io): each row is trained once."""
     root = tmp_path / "pq"
-    subprocess.run([sys.executable, "-m", "recflow.cli", "data", "synth", "--out", str(root),
-                    "--rows", "1000", "--format", "parquet"], env=ENV, check=True, capture_output=True)
+    procs.run([sys.executable, "-m", "recflow.cli", "data", "synth", "--out", str(root),
+               "--rows", "1000", "--format", "parquet"], env=ENV, check=True, capture_output=True)
     model_dir = tmp_path / "parquet"
     launcher = launch(model_dir, [
         "data.format=parquet", f"data.train={root}/train.parquet", f"data.eval={root}/eval.parquet",
