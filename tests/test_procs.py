@@ -11,26 +11,23 @@ import procs
 import pytest
 
 PY = sys.executable
+PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts", "child_probe.py")
 ENV = dict(os.environ, RECFLOW_PROBE="probe")
-SHOW = "import os, sys; print(sys.argv, os.getcwd(), os.environ.get('RECFLOW_PROBE'), sys.path[0])"
 
 
 @pytest.mark.parametrize("args", [
-    ["-c", SHOW, "a", "--b"],
-    ["-c", "import sys; sys.exit(3)"],
-    ["-c", "import sys; sys.exit('a message')"],
-    ["-c", "raise ValueError('boom')"],
-    ["-c", "import sys; print(sys.stdin.read().upper())"],
+    [PROBE, "show", "a", "--b"],
+    [PROBE, "exit", "3"],
+    [PROBE, "exit-message"],
+    [PROBE, "raise"],
+    [PROBE, "stdin"],
+    ["-c", "raise SystemExit(4)"],
     ["-m", "recflow.cli", "--version"],
     ["-m", "recflow.cli", "no-such-command"],
-    ["SCRIPT", "x", "y"],
-], ids=["argv-cwd-env", "exit-3", "exit-message", "exception", "stdin", "module", "module-error", "script"])
+], ids=["argv-cwd-env", "exit-3", "exit-message", "exception", "stdin", "code", "module", "module-error"])
 def test_a_child_runs_as_python_would(tmp_path, args):
-    script = tmp_path / "script.py"
-    script.write_text(SHOW + "\nassert __name__ == '__main__'\n")
-    args = [PY, *(str(script) if a == "SCRIPT" else a for a in args)]
     want, got = (
-        run(args, cwd=tmp_path, env=ENV, input="some text", capture_output=True, text=True, timeout=60)
+        run([PY, *args], cwd=tmp_path, env=ENV, input="some text", capture_output=True, text=True, timeout=60)
         for run in (subprocess.run, procs.run)
     )
     assert (got.returncode, got.stdout) == (want.returncode, want.stdout)
@@ -39,10 +36,9 @@ def test_a_child_runs_as_python_would(tmp_path, args):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
 def test_a_signalled_child_ends_as_python_would(sig):
-    args = [PY, "-c", "import time; print('up', flush=True); time.sleep(60)"]
     codes = []
     for popen in (subprocess.Popen, procs.Popen):
-        proc = popen(args, stdout=subprocess.PIPE, text=True)
+        proc = popen([PY, PROBE, "sleep"], stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline() == "up\n"
         proc.send_signal(sig)
         codes.append(proc.wait(timeout=30))
@@ -51,9 +47,8 @@ def test_a_signalled_child_ends_as_python_would(sig):
 
 
 def test_pipes_streams_sessions_and_poll():
-    child = procs.Popen([PY, "-c", "import os, sys, time; print(os.getsid(0) == os.getpid()); "
-                         "print('to err', file=sys.stderr); time.sleep(0.3)"],
-                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    child = procs.Popen([PY, PROBE, "session"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        start_new_session=True)
     assert child.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         child.wait(timeout=0.01)
@@ -63,8 +58,8 @@ def test_pipes_streams_sessions_and_poll():
 
 
 def test_pythonunbuffered_writes_each_print_at_once():
-    child = procs.Popen([PY, "-c", "import time; print('now'); time.sleep(60)"],
-                        env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.PIPE, text=True)
+    child = procs.Popen([PY, PROBE, "unflushed"], env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                        stdout=subprocess.PIPE, text=True)
     assert select.select([child.stdout], [], [], 30)[0], "the line stayed in the child's buffer"
     assert child.stdout.readline() == "now\n"
     child.kill()
@@ -74,14 +69,12 @@ def test_pythonunbuffered_writes_each_print_at_once():
 
 def test_an_environment_that_changes_imports_gets_a_fresh_interpreter():
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
-    assert isinstance(procs.Popen([PY, "-c", "pass"], env=env), subprocess.Popen)
-    assert isinstance(procs.Popen([PY, "-u", "-c", "pass"]), subprocess.Popen)
-    done = procs.run([PY, "-c", "import os; print(os.environ['TF_CPP_MIN_LOG_LEVEL'])"],
-                     env=env, capture_output=True, text=True)
-    assert done.stdout == "0\n"
+    for fresh in (procs.Popen([PY, PROBE, "modules"], env=env), procs.Popen([PY, "-u", PROBE, "modules"])):
+        assert isinstance(fresh, subprocess.Popen)
+        fresh.wait(timeout=60)
 
 
 def test_a_child_starts_with_tensorflow_imported_by_the_zygote():
-    child = procs.Popen([PY, "-c", "import sys; print('tensorflow' in sys.modules)"], stdout=subprocess.PIPE)
+    child = procs.Popen([PY, PROBE, "modules"], stdout=subprocess.PIPE)
     assert isinstance(child, procs.Child)
     assert child.communicate(timeout=60) == (b"True\n", None)
