@@ -38,10 +38,9 @@ def fingerprint_ids(strings) -> list[int]:
 # order (`--dist loadfile --no-loadscope-reorder` in pyproject.toml): started first, they
 # leave the short modules to fill the end, and both workers finish together.
 LONGEST_FIRST = (
-    "test_reshard", "test_ps_input", "test_ps_cluster", "test_cache", "test_faults",
-    "test_zoo", "test_signals", "test_resume_and_stream", "test_kafka", "test_end_to_end",
-    "test_prefetch", "test_growth", "test_store_model", "test_serve", "test_ps_step_graph",
-    "test_docs", "test_model_identity", "test_examples",
+    "test_reshard", "test_ps_cluster", "test_signals", "test_ps_input", "test_cache",
+    "test_kafka", "test_resume_and_stream", "test_faults", "test_zoo", "test_store_model",
+    "test_prefetch", "test_end_to_end", "test_serve", "test_growth", "test_ps_step_graph",
 )
 
 

@@ -45,6 +45,7 @@ SAME_AT_IMPORT = ("TF_CPP_MIN_LOG_LEVEL", "TF_USE_LEGACY_KERAS", "TF_ENABLE_ONED
                   "CUDA_VISIBLE_DEVICES", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
                   "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "RECFLOW_DEBUG")
 
+
 class Zygote:
     """A Python process that has imported `PRELOAD` and forks children that run commands.
 
@@ -86,6 +87,11 @@ class Zygote:
             body = json.dumps(request).encode()
             socket.send_fds(conn, [struct.pack("!I", len(body))], child_fds)
             conn.sendall(body)
+        except BaseException:
+            for fd in ends:
+                if fd is not None:
+                    os.close(fd)
+            raise
         finally:
             for fd in ours:
                 os.close(fd)
@@ -174,10 +180,6 @@ class Child:
         return self.returncode
 
     def communicate(self, input=None, timeout: float | None = None):
-        if self.stdin is not None:
-            if input is not None:
-                self.stdin.write(input)
-            self.stdin.close()
         read: dict[str, object] = {}
 
         def drain(stream, name):
@@ -185,8 +187,12 @@ class Child:
 
         readers = [threading.Thread(target=drain, args=(s, n), daemon=True)
                    for s, n in ((self.stdout, "out"), (self.stderr, "err")) if s is not None]
-        for r in readers:
+        for r in readers:  # reading before writing: a child that answers first cannot block
             r.start()
+        if self.stdin is not None:
+            if input is not None:
+                self.stdin.write(input)
+            self.stdin.close()
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left():
