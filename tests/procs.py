@@ -298,11 +298,14 @@ def _serve(path: str) -> None:
             return
         if listener in ready:
             conn, _ = listener.accept()
+            fds = []
             try:
                 header, fds, _, _ = socket.recv_fds(conn, 4, 3)
                 request = json.loads(_recv_exactly(conn, struct.unpack("!I", header)[0]))
                 pid = os.fork()
             except Exception as e:  # noqa: BLE001  (told to the asker, who raises it)
+                for fd in fds:
+                    os.close(fd)
                 conn.sendall(f"error {type(e).__name__}: {e}\n".encode())
                 conn.close()
                 continue
@@ -438,7 +441,7 @@ def Popen(args, **kwargs):  # noqa: N802  (stands in for subprocess.Popen)
 
 
 def run(args, **kwargs) -> subprocess.CompletedProcess:
-    """`subprocess.run` through `Popen`."""
+    """`subprocess.run` for a zygote's child, or a fresh process where it cannot be one."""
     zygote = _the_zygote()
     if zygote.forkable(args, kwargs.get("env")):
         return zygote.run(args, **kwargs)

@@ -122,7 +122,7 @@ def test_kill_9_at_random_moments_ends_with_the_uninterrupted_tables(broker, tmp
     kills = 0
     for target in targets:
         proc = procs.Popen(command(config, "--model-dir", killed, *steps), env=ENV,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         while proc.poll() is None and (checkpoint_steps(killed) or [0])[-1] < target:
             time.sleep(0.005)
         time.sleep(rng.uniform(0, 0.05))
@@ -160,7 +160,7 @@ def test_broker_restart_mid_run_then_an_outage_that_lasts(broker, tmp_path):
     config = write_config(tmp_path / "c.yaml", broker.servers, "restart", model_dir,
                           connect_timeout_s=8, metadata_interval_s=1)
     proc = procs.Popen(command(config, "--set", "train.checkpoint_every_steps=1"), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         while (checkpoint_steps(model_dir) or [0])[-1] < 10:  # all 320 trained
             assert proc.poll() is None, proc.stderr.read().decode()
@@ -241,7 +241,7 @@ def test_sigterm_ends_a_live_stream_normally(broker, tmp_path):
             f"train.model_dir={model_dir}", "export.delta_every_seconds=0.5"]
     args = [a for s in sets for a in ("--set", s)]
     proc = procs.Popen(command(os.path.join(ROOT, "examples", "kafka_stream.yaml"), *args), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     stop = threading.Event()
     sent = []
 

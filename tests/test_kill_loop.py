@@ -184,7 +184,7 @@ def test_random_kill_9_loop_ends_with_an_uninterrupted_runs_state(tmp_path):
 
     tables = [
         json.loads(procs.run([sys.executable, "-m", "recflow.cli", "tables", d, "--json"],
-                                  env=ENV, check=True, capture_output=True, text=True).stdout)
+                             env=ENV, check=True, capture_output=True, text=True).stdout)
         for d in (whole, killed)
     ]
     assert tables[0] == tables[1]
