@@ -24,6 +24,7 @@ at import (OpenBLAS, jemalloc) re-create themselves after a fork.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import select
@@ -190,9 +191,12 @@ class Child:
         for r in readers:  # reading before writing: a child that answers first cannot block
             r.start()
         if self.stdin is not None:
-            if input is not None:
-                self.stdin.write(input)
-            self.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # a child that exits unread: as subprocess does
+                if input is not None:
+                    self.stdin.write(input)
+                self.stdin.flush()
+            with contextlib.suppress(BrokenPipeError):
+                self.stdin.close()
         deadline = None if timeout is None else time.monotonic() + timeout
 
         def left():
@@ -224,7 +228,8 @@ class Child:
     def __exit__(self, *exc):
         for s in (self.stdin, self.stdout, self.stderr):
             if s is not None:
-                s.close()
+                with contextlib.suppress(BrokenPipeError):
+                    s.close()
         self.wait()
 
     def _finish(self) -> None:

@@ -34,6 +34,15 @@ def test_a_child_runs_as_python_would(tmp_path, args):
     assert got.stderr.splitlines()[-1:] == want.stderr.splitlines()[-1:]
 
 
+def test_input_a_child_never_reads_is_dropped_as_subprocess_drops_it():
+    big = "x" * (1 << 20)  # more than a pipe holds: the write fails once the child is gone
+    want, got = (
+        run([PY, PROBE, "exit", "5"], input=big, capture_output=True, text=True, timeout=60)
+        for run in (subprocess.run, procs.run)
+    )
+    assert (got.returncode, got.stdout, got.stderr) == (want.returncode, want.stdout, want.stderr) == (5, "", "")
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGINT])
 def test_a_signalled_child_ends_as_python_would(sig):
     codes = []
