@@ -56,8 +56,8 @@ def test_a_signalled_child_ends_as_python_would(sig):
 
 
 def test_pipes_streams_sessions_and_poll():
-    child = procs.Popen([PY, PROBE, "session"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        start_new_session=True)
+    child = procs.Popen([PY, PROBE, "session"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, start_new_session=True)
     assert child.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         child.wait(timeout=0.01)

@@ -368,14 +368,19 @@ def test_server_follows_exports_and_deltas_and_survives_kill_9(trained, tmp_path
                    structure_sha256="0" * 64)  # another model's
         import time
 
-        time.sleep(1.0)  # several scans of the follower
+        def failures():
+            status, metrics = http(port, "/metrics")
+            assert status == 200
+            return [ln for ln in metrics.splitlines() if ln.startswith("recflow_serve_delta_failures ")]
+
+        end = time.monotonic() + 90  # the follower's scan that refuses 14, however slow the machine
+        while failures() != ["recflow_serve_delta_failures 1.0"] and time.monotonic() < end:
+            time.sleep(0.1)
+        time.sleep(1.0)  # several more scans (every 0.2 s): 14 is not retried, 15 waits behind it
+        assert failures() == ["recflow_serve_delta_failures 1.0"]
         health = http(port, "/healthz")[1]
         assert (health["version"], health["step"]) == (12, 12)
         np.testing.assert_allclose(served_predictions(port, held), expected12, rtol=0, atol=1e-6)
-        status, metrics = http(port, "/metrics")
-        assert status == 200
-        failures = [ln for ln in metrics.splitlines() if ln.startswith("recflow_serve_delta_failures ")]
-        assert failures == ["recflow_serve_delta_failures 1.0"]  # 14 refused; 15 waits behind it
         # The model dir vanishes: still serving.
         os.rename(served, tmp_path / "gone")
         time.sleep(0.5)

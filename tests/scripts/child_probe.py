@@ -20,10 +20,10 @@ def main(action: str) -> None:
     elif action == "sleep":  # says it is up, then waits to be signalled
         print("up", flush=True)
         time.sleep(60)
-    elif action == "session":
+    elif action == "session":  # runs until its stdin closes
         print(os.getsid(0) == os.getpid())
         print("to err", file=sys.stderr)
-        time.sleep(0.3)
+        sys.stdin.read()
     elif action == "unflushed":  # one line left in the buffer unless PYTHONUNBUFFERED
         print("now")
         time.sleep(60)
