@@ -196,14 +196,9 @@ def test_a_segment_doubles_past_load_0_9_and_loads_in_stock_tensorflow(tmp_path)
         lambda k: table.lookup(k), input_signature=[tf.TensorSpec([None, 2], tf.int64)]
     )
     tf.saved_model.save(module, str(tmp_path / "saved"))
-    code = (
-        "import sys, tensorflow as tf\n"
-        "m = tf.saved_model.load(sys.argv[1])\n"
-        "assert 'recflow' not in sys.modules\n"
-        "print(m.lookup(tf.constant([[0, 3], [0, 99]], tf.int64)).numpy().tolist())\n"
-    )
+    script = os.path.join(os.path.dirname(__file__), "scripts", "lookup_without_recflow.py")
     out = subprocess.run(
-        [sys.executable, "-c", code, str(tmp_path / "saved")],
+        [sys.executable, script, str(tmp_path / "saved")],
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True,
         text=True,
