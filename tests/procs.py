@@ -191,10 +191,11 @@ class Child:
         for r in readers:  # reading before writing: a child that answers first cannot block
             r.start()
         if self.stdin is not None:
-            with contextlib.suppress(BrokenPipeError):  # a child that exits unread: as subprocess does
+            # A child that exits without reading its input: ignored, as subprocess does. The
+            # close (which flushes) apart, so the pipe end is closed even after a failed write.
+            with contextlib.suppress(BrokenPipeError):
                 if input is not None:
                     self.stdin.write(input)
-                self.stdin.flush()
             with contextlib.suppress(BrokenPipeError):
                 self.stdin.close()
         deadline = None if timeout is None else time.monotonic() + timeout
