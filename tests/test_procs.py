@@ -77,10 +77,14 @@ def test_pythonunbuffered_writes_each_print_at_once():
 
 
 def test_an_environment_that_changes_imports_gets_a_fresh_interpreter():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="0")
+    env = dict(ENV, TF_CPP_MIN_LOG_LEVEL="0")
     for fresh in (procs.Popen([PY, PROBE, "modules"], env=env), procs.Popen([PY, "-u", PROBE, "modules"])):
         assert isinstance(fresh, subprocess.Popen)
         fresh.wait(timeout=60)
+    # ... started with that environment (the probe prints RECFLOW_PROBE from it).
+    want, got = (run([PY, PROBE, "show"], env=env, capture_output=True, text=True, timeout=60)
+                 for run in (subprocess.run, procs.run))
+    assert got.stdout == want.stdout and " probe " in got.stdout
 
 
 def test_a_child_starts_with_tensorflow_imported_by_the_zygote():
