@@ -218,21 +218,21 @@ def http(port, path, body=None):
         return status, text
 
 
-def wait_for(port, condition, what, seconds=90):
-    """Polls /healthz until `condition(health)`; fails (no hang) after `seconds`."""
+def wait_for(port, condition, what, seconds=90, path="/healthz"):
+    """Polls `path` until `condition(body)`; fails (no hang) after `seconds`."""
     import time
 
     end = time.monotonic() + seconds
-    health = None
+    body = None
     while time.monotonic() < end:
         try:
-            status, health = http(port, "/healthz")
-            if status == 200 and condition(health):
-                return health
+            status, body = http(port, path)
+            if status == 200 and condition(body):
+                return body
         except OSError:
             pass
         time.sleep(0.1)
-    pytest.fail(f"server never reached: {what} (last /healthz: {health})")
+    pytest.fail(f"server never reached: {what} (last {path}: {body})")
 
 
 def start_server(model_dir, port, log):
@@ -368,16 +368,14 @@ def test_server_follows_exports_and_deltas_and_survives_kill_9(trained, tmp_path
                    structure_sha256="0" * 64)  # another model's
         import time
 
-        def failures():
-            status, metrics = http(port, "/metrics")
-            assert status == 200
-            return [ln for ln in metrics.splitlines() if ln.startswith("recflow_serve_delta_failures ")]
+        def refused_once(metrics):
+            lines = [ln for ln in metrics.splitlines() if ln.startswith("recflow_serve_delta_failures ")]
+            return lines == ["recflow_serve_delta_failures 1.0"]
 
-        end = time.monotonic() + 90  # the follower's scan that refuses 14, however slow the machine
-        while failures() != ["recflow_serve_delta_failures 1.0"] and time.monotonic() < end:
-            time.sleep(0.1)
+        wait_for(port, refused_once, "delta 14 refused", path="/metrics")  # however slow the scan
         time.sleep(1.0)  # several more scans (every 0.2 s): 14 is not retried, 15 waits behind it
-        assert failures() == ["recflow_serve_delta_failures 1.0"]
+        status, metrics = http(port, "/metrics")
+        assert status == 200 and refused_once(metrics)
         health = http(port, "/healthz")[1]
         assert (health["version"], health["step"]) == (12, 12)
         np.testing.assert_allclose(served_predictions(port, held), expected12, rtol=0, atol=1e-6)
