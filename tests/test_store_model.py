@@ -7,6 +7,9 @@ dropped at a rebuild; each shard keeps its share of `max_keys`, most frequent fi
 zero gradients and SGD an embedding never changes, so a stale copy of a row would show.
 """
 
+import shutil
+import tempfile
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -60,9 +63,10 @@ class StoreMachine(RuleBasedStateMachine):
 
     @initialize(tmp=st.just(None))
     def make_dir(self, tmp):
-        import tempfile
-
         self.dir = tempfile.mkdtemp(prefix="store-model-")
+
+    def teardown(self):
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     # ------------------------------------------------------------------ operations
 
