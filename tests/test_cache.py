@@ -144,11 +144,7 @@ def test_three_epochs_from_the_cache_train_the_tables_and_metrics_of_parsing_aga
     for key in ("steps", "examples", "examples_read", "bad_records", "nonfinite_values", "truncated_rows", "auc"):
         assert cached[key] == parsed[key], key
     assert (cached["bad_records"], cached["nonfinite_values"], cached["truncated_rows"]) == (1 * 3, 2 * 3, 1 * 3)  # per epoch
-    assert not os.path.exists(tmp_path / "cached" / "cache" / f"train-{cache_key(tmp_path, files)}")
-
-
-def cache_key(tmp_path, files):
-    return cache_lib.for_run(make_config(tmp_path, files), files, "").key[:16]
+    assert not os.path.exists(tmp_path / "cached" / "cache")  # its files and the emptied dir
 
 
 def damage_truncate(path):
@@ -169,6 +165,21 @@ def damage_flip(path):
 def damage_partial(path):
     """What a writer killed before its rename leaves (a temp dir) and a manifest gone."""
     os.remove(os.path.join(path, cache_lib.MANIFEST))
+
+
+def test_a_closed_cache_leaves_no_files_and_removes_only_the_model_dirs_own_dir(tmp_path):
+    files = write_files(tmp_path)
+    config = make_config(tmp_path, files)
+    users = dataclasses.replace(config, data=dataclasses.replace(config.data, cache_dir=str(tmp_path / "mine")))
+    for run_config, directory in ((config, tmp_path / "run" / "cache"), (users, tmp_path / "mine")):
+        cache = cache_lib.for_run(run_config, files, str(tmp_path / "run" / "cache"))
+        assert cache.directory == str(directory)
+        os.makedirs(cache.path)  # what a build leaves
+        open(os.path.join(cache.path, cache_lib.MANIFEST), "w").close()
+        cache.close()
+        assert not os.path.exists(cache.path)
+    assert not (tmp_path / "run" / "cache").exists()  # the model dir's: emptied, removed
+    assert os.listdir(tmp_path / "mine") == []  # data.cache_dir: the user's, kept
 
 
 @pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_partial])
@@ -259,4 +270,4 @@ def test_killed_in_epoch_two_with_its_cache_damaged_resumes_to_the_uninterrupted
     metrics = json.loads((killed / "metrics.json").read_text())
     assert metrics["steps"] == json.loads((whole / "metrics.json").read_text())["steps"] == 30
     assert_same_tables(killed, whole)
-    assert not glob.glob(str(killed / "cache" / "train-*"))  # removed once the run is done
+    assert not (killed / "cache").exists()  # removed once the run is done

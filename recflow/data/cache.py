@@ -44,6 +44,7 @@ Streams (`--follow`, Kafka) and parameter-server runs do not use the cache.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -228,9 +229,14 @@ class InputCache:
             self._arrays = {name: _variable(name, value) for name, value in arrays.items()}
 
     def close(self) -> None:
-        """Releases the memory and removes the cache's files (the run is done with them)."""
+        """Releases the memory and removes the cache's files (the run is done with them),
+        and the model dir's `cache/` with them when it is left empty (a `data.cache_dir`
+        of the user's own stays)."""
         self._arrays = None
         shutil.rmtree(self.path, ignore_errors=True)
+        if not self.config.data.cache_dir:
+            with contextlib.suppress(OSError):  # not empty: another cache's files
+                os.rmdir(self.directory)
 
     def _read(self) -> dict | None:
         """The arrays of the cache on disk, or None (and a log line) when there is none
