@@ -101,7 +101,7 @@ def _positions(checkpoint_prefix):
 
     reader = tf.train.load_checkpoint(str(checkpoint_prefix))
     raw = reader.get_tensor("splits/positions/.ATTRIBUTES/VARIABLE_VALUE")
-    return json.loads(raw.decode())
+    return json.loads(raw.decode())["positions"]
 
 
 def test_worker_kill_is_at_least_once_and_chief_restart_is_exact(tmp_path):
@@ -205,6 +205,23 @@ def test_synthetic_splits_hold_enough_batches_to_pay_for_their_start(rows, batch
     # Contiguous whole batches covering every row once.
     assert splits[0].start == 0 and splits[-1].stop == rows
     assert all(a.stop == b.start and a.stop % batch == 0 for a, b in zip(splits, splits[1:]))
+
+
+def test_a_restored_split_state_goes_on_by_split_name():
+    """Positions follow their file: one added between runs is read from its start, one
+    whose place in the list moved keeps its own position, never another file's."""
+    from recflow.distribute.splits import FINISHED, Split, SplitState
+
+    saved = SplitState([Split(0, file="a.csv"), Split(1, file="b.csv")])
+    saved.write([5, FINISHED])
+    now = SplitState([Split(0, file="a.csv"), Split(1, file="new.csv"), Split(2, file="b.csv")])
+    now.positions.assign(saved.positions)  # what a restore does
+    assert now.read() == [5, 0, FINISHED]
+    # A state written before it named its splits: kept at the same split count only.
+    now.positions.assign(json.dumps([7, 2, 1]))
+    assert now.read() == [7, 2, 1]
+    now.positions.assign(json.dumps([7, 2]))
+    assert now.read() == [0, 0, 0]
 
 
 def test_a_wave_gives_every_worker_a_chunk_and_stops_at_the_next_hook():

@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -11,11 +12,14 @@ import time
 
 import numpy as np
 import procs
+import pytest
 import yaml
+from conftest import DEMO
 
 import recflow.api as recflow_api
 from recflow.cli import main
 from recflow.data.writer import write_columns
+from recflow.errors import DataError
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
 
@@ -101,6 +105,41 @@ def test_a_finished_run_given_more_epochs_trains_exactly_the_new_pass(tmp_path):
     assert run(extended, 1)["steps"] == 32
     assert run(extended, 2)["steps"] == 2 * 32
     assert_same_rows(extended, whole)
+
+
+def test_files_added_mid_epoch_join_at_the_next_epoch_and_are_never_dropped(tmp_path, caplog):
+    """A resumed epoch reads on over the files it began with. A file added to data.train
+    meanwhile is trained from the next epoch; when the resumed epoch is the run's last,
+    the run is refused rather than end without it."""
+    assert main(["data", "synth", "--out", str(tmp_path), "--rows", "600"]) == 0
+    header, *rows = (tmp_path / "train.csv").read_text().splitlines()
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    a.write_text("\n".join([header, *rows[:400]]) + "\n")
+    b.write_text("\n".join([header, *rows[400:]]) + "\n")
+    model_dir = tmp_path / "model"
+
+    def train(files, epochs, **more):
+        overrides = {
+            "data.format": "csv", "data.train": [str(f) for f in files], "data.eval": str(tmp_path / "eval.csv"),
+            "data.batch_size": 64, "train.epochs": epochs, "train.checkpoint_every_steps": 3,
+            "train.evaluate": False, "export.at_end": False, "model.params": {"dnn": {"hidden_units": [8]}},
+            **more,
+        }
+        return recflow_api.train(DEMO, model_dir=str(model_dir), overrides=overrides)
+
+    assert train([a], 2, **{"train.steps": 3})["steps"] == 3  # 192 of a's 400 rows read
+    first = (model_dir / "metrics.json").read_text()
+    with pytest.raises(DataError, match=r"b\.csv joined the training files since the checkpoint was "
+                       r"written in epoch 1, the run's last; .*train\.epochs: 2"):
+        train([a, b], 1)
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-3.index"]
+    assert (model_dir / "metrics.json").read_text() == first  # nothing written
+
+    with caplog.at_level(logging.WARNING, logger="recflow"):
+        metrics = train([a, b], 2)
+    assert f"{os.path.realpath(b)} joined the training files" in caplog.text
+    # Epoch 1: the rest of a; epoch 2: a and b, each row once.
+    assert metrics["examples"] == metrics["examples_read"] == (400 - 3 * 64) + 600
 
 
 def test_a_run_killed_after_its_final_checkpoint_writes_its_export_and_metrics_on_restart(tmp_path):

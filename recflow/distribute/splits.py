@@ -72,8 +72,8 @@ def make_splits(config: Config, num_workers: int) -> list[Split]:
 
     Synthetic ranges hold whole batches (the last one the rest), so a split's
     batches are the batches a single pass would make. (A chief restarted with
-    another worker count finds a split state of another length: it starts the
-    epoch over, with a warning.)
+    another worker count finds other ranges in the split state: they start over,
+    see `SplitState`.)
     """
     data = config.data
     if data.format != "synthetic":
@@ -136,31 +136,46 @@ def file_chunk_dataset(config: Config, file: str, epoch: int, first, count) -> t
 
 
 class SplitState(tf.Module):
-    """Per split of the current epoch: batches trained, or `FINISHED`; saved in checkpoints.
+    """Per split of the current epoch: batches trained, or `FINISHED`; saved in checkpoints
+    with the splits' names (a file's path, a synthetic row range).
+
+    A restored state is matched to this run's splits by name: a split found there goes
+    on from its saved position, any other starts at its beginning. So files added to
+    `data.train` between runs are read in the resumed epoch and a position never moves
+    to another file; synthetic ranges cut for another worker count start over.
 
     Args:
-        count: the number of splits.
+        splits: the epoch's splits.
     """
 
-    def __init__(self, count: int):
+    def __init__(self, splits: list[Split]):
         super().__init__(name="splits")
-        self.count = count
-        self.positions = tf.Variable(json.dumps([0] * count), dtype=tf.string, trainable=False, name="positions")
+        self.names = [str(s) for s in splits]
+        self.positions = tf.Variable(self._record([0] * len(splits)), trainable=False, name="positions")
 
     def read(self) -> list[int]:
-        """The positions; a saved state of another split count starts the epoch over."""
-        positions = json.loads(self.positions.numpy().decode())
-        if len(positions) != self.count:  # e.g. files added to data.train between runs
+        """The positions of this run's splits (see the class)."""
+        saved = json.loads(self.positions.numpy().decode())
+        if isinstance(saved, list):  # written before the state named its splits
+            if len(saved) == len(self.names):
+                return saved
+            by_name = {}
+        else:
+            by_name = dict(zip(saved["splits"], saved["positions"]))
+        if set(by_name) != set(self.names):
             logger.warning(
-                "the checkpoint's split state has %d splits, the data %d: the epoch starts over",
-                len(positions), self.count,
+                "the checkpoint's input splits are not this run's: %d of %d go on from their "
+                "position, the others start at their beginning",
+                sum(name in by_name for name in self.names), len(self.names),
             )
-            return [0] * self.count
-        return positions
+        return [by_name.get(name, 0) for name in self.names]
 
     def write(self, positions: list[int]) -> None:
-        self.positions.assign(json.dumps([int(p) for p in positions]))
+        self.positions.assign(self._record(positions))
 
     def reset(self) -> None:
         """A new epoch: every split untouched."""
-        self.write([0] * self.count)
+        self.write([0] * len(self.names))
+
+    def _record(self, positions: list[int]) -> str:
+        return json.dumps({"splits": self.names, "positions": [int(p) for p in positions]})

@@ -21,7 +21,9 @@ checkpoint already holds it) and `epoch_reports(epoch, target)`.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable
@@ -121,8 +123,15 @@ class LocalRunner:
             self._source.assign(self.cache.position_record())
         else:
             self.iterator = iter(self.make_input(epoch))
-            self._source.assign(FROM_FILES)
+            self._source.assign(self._files_record())
         return {"iterator": self.iterator, "input_cache": self._source}
+
+    def _files_record(self) -> str:
+        """What the checkpoint saves beside a position read from the files: the files (a
+        restored position reads on over the files its epoch began with)."""
+        if self.files is None:  # synthetic rows
+            return FROM_FILES
+        return json.dumps({"files": [os.path.realpath(f) for f in self.files]})
 
     def _reads_cache(self, epoch: int) -> bool:
         """Whether `epoch` reads the cache: as its restored position did, else by plan."""
@@ -130,7 +139,11 @@ class LocalRunner:
         if not resumed:  # no position to go on from
             first = None if self.cache is None else self.cache.first_epoch
             return first is not None and epoch >= first
-        if resumed == FROM_FILES:
+        if resumed == FROM_FILES:  # synthetic rows, or files before the record named them
+            return False
+        record = json.loads(resumed)
+        if "files" in record:
+            self._check_files(record["files"], epoch)
             return False
         if self.cache is None:
             raise DataError(
@@ -188,6 +201,41 @@ class LocalRunner:
                 step, step - 1, rows=size, applied=size, loss=loss, where=f"step {step}", hint=hint,
                 **counts,
             )
+
+
+    def _check_files(self, began: list[str], epoch: int) -> None:
+        """A position restored from the files reads on over the files its epoch began
+        with (`began`); files added to `data.train` since join at the next epoch.
+
+        (A file gone from `data.train` that the epoch still reads stops the run when it
+        is read, naming it; one it has read is not missed.)
+
+        Raises:
+            DataError: files were added and this epoch is the run's last (they would
+                never be trained).
+        """
+        added = [f for f in (os.path.realpath(f) for f in self.files or []) if f not in set(began)]
+        if not added:
+            return
+        when = f"since the checkpoint was written in epoch {epoch + 1}"
+        train = self.config.train
+        total = train.total_epochs
+        if train.steps is None and total is not None and epoch + 1 >= total:
+            raise DataError(
+                f"data.train: {_listed(added)} joined the training files {when}, the run's last; "
+                "that epoch reads on over the files it began with, so they would not be trained: "
+                f"give the run another epoch (train.epochs: {total + 1}), or leave them out to finish it"
+            )
+        logger.warning(
+            "data.train: %s joined the training files %s; that epoch reads on over the files "
+            "it began with, and they join at the next", _listed(added), when,
+        )
+
+
+def _listed(files: list[str]) -> str:
+    """Up to 3 file names, then how many more."""
+    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
+    return ", ".join(files[:3]) + more
 
 
 def _out_of_range(config, batch) -> str:
