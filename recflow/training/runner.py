@@ -202,7 +202,6 @@ class LocalRunner:
                 **counts,
             )
 
-
     def _check_files(self, began: list[str], epoch: int) -> None:
         """A position restored from the files reads on over the files its epoch began
         with (`began`); files added to `data.train` since join at the next epoch.
@@ -214,7 +213,8 @@ class LocalRunner:
             DataError: files were added and this epoch is the run's last (they would
                 never be trained).
         """
-        added = [f for f in (os.path.realpath(f) for f in self.files or []) if f not in set(began)]
+        began = set(began)
+        added = [f for f in (os.path.realpath(f) for f in self.files or []) if f not in began]
         if not added:
             return
         when = f"since the checkpoint was written in epoch {epoch + 1}"
