@@ -129,15 +129,15 @@ def test_files_added_mid_epoch_join_at_the_next_epoch_and_are_never_dropped(tmp_
 
     assert train([a], 2, **{"train.steps": 3})["steps"] == 3  # 192 of a's 400 rows read
     first = (model_dir / "metrics.json").read_text()
-    with pytest.raises(DataError, match=r"b\.csv joined the training files since the checkpoint was "
-                       r"written in epoch 1, the run's last; .*train\.epochs: 2"):
+    with pytest.raises(DataError, match=r"the training files changed since the checkpoint was written "
+                       r"in epoch 1, the run's last \(new: \S*b\.csv\); .*train\.epochs: 2"):
         train([a, b], 1)
     assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-3.index"]
     assert (model_dir / "metrics.json").read_text() == first  # nothing written
 
     with caplog.at_level(logging.WARNING, logger="recflow"):
         metrics = train([a, b], 2)
-    assert f"{os.path.realpath(b)} joined the training files" in caplog.text
+    assert f"written in epoch 1 (new: {os.path.realpath(b)}); " in caplog.text
     # Epoch 1: the rest of a; epoch 2: a and b, each row once.
     assert metrics["examples"] == metrics["examples_read"] == (400 - 3 * 64) + 600
 

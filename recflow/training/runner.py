@@ -204,31 +204,33 @@ class LocalRunner:
 
     def _check_files(self, began: list[str], epoch: int) -> None:
         """A position restored from the files reads on over the files its epoch began
-        with (`began`); files added to `data.train` since join at the next epoch.
+        with (`began`); files new in `data.train` since join at the next epoch.
 
         (A file gone from `data.train` that the epoch still reads stops the run when it
         is read, naming it; one it has read is not missed.)
 
         Raises:
-            DataError: files were added and this epoch is the run's last (they would
-                never be trained).
+            DataError: `data.train` has new files and this epoch is the run's last
+                (they would never be trained).
         """
-        began = set(began)
-        added = [f for f in (os.path.realpath(f) for f in self.files or []) if f not in began]
-        if not added:
+        now = [os.path.realpath(f) for f in self.files or []]
+        new = [f for f in now if f not in set(began)]
+        if not new:
             return
-        when = f"since the checkpoint was written in epoch {epoch + 1}"
+        gone = [f for f in began if f not in set(now)]
+        changed = f"new: {_listed(new)}" + (f"; gone: {_listed(gone)}" if gone else "")
+        when = f"the training files changed since the checkpoint was written in epoch {epoch + 1}"
         train = self.config.train
         total = train.total_epochs
         if train.steps is None and total is not None and epoch + 1 >= total:
             raise DataError(
-                f"data.train: {_listed(added)} joined the training files {when}, the run's last; "
-                "that epoch reads on over the files it began with, so they would not be trained: "
-                f"give the run another epoch (train.epochs: {total + 1}), or leave them out to finish it"
+                f"data.train: {when}, the run's last ({changed}); that epoch reads on over the "
+                "files it began with, so the new ones would not be trained: give the run another "
+                f"epoch (train.epochs: {total + 1}), or finish it with the files it began with"
             )
         logger.warning(
-            "data.train: %s joined the training files %s; that epoch reads on over the files "
-            "it began with, and they join at the next", _listed(added), when,
+            "data.train: %s (%s); that epoch reads on over the files it began with, and the new "
+            "ones join at the next", when, changed,
         )
 
 
