@@ -20,6 +20,8 @@ import pytest
 from conftest import items, small
 from test_ps_cluster import pid_of, wait_for  # pytest puts tests/ on sys.path
 
+from recflow.distribute.splits import FINISHED, Split, SplitState
+
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
 BATCH = 64
 # The demo's input semantics are counted in metrics.json; no test here reads an export.
@@ -210,11 +212,10 @@ def test_synthetic_splits_hold_enough_batches_to_pay_for_their_start(rows, batch
 def test_a_restored_split_state_goes_on_by_split_name():
     """Positions follow their file: one added between runs is read from its start, one
     whose place in the list moved keeps its own position, never another file's."""
-    from recflow.distribute.splits import FINISHED, Split, SplitState
-
-    saved = SplitState([Split(0, file="a.csv"), Split(1, file="b.csv")])
+    data = _demo_data()
+    saved = SplitState([Split(0, file="a.csv"), Split(1, file="b.csv")], data)
     saved.write([5, FINISHED])
-    now = SplitState([Split(0, file="a.csv"), Split(1, file="new.csv"), Split(2, file="b.csv")])
+    now = SplitState([Split(0, file="a.csv"), Split(1, file="new.csv"), Split(2, file="b.csv")], data)
     now.positions.assign(saved.positions)  # what a restore does
     assert now.read() == [5, 0, FINISHED]
     # A state written before it named its splits: kept at the same split count only.
@@ -222,6 +223,36 @@ def test_a_restored_split_state_goes_on_by_split_name():
     assert now.read() == [7, 2, 1]
     now.positions.assign(json.dumps([7, 2]))
     assert now.read() == [0, 0, 0]
+
+
+@pytest.mark.parametrize(
+    "change,want",
+    [
+        ({}, [6, 0, FINISHED]),
+        ({"batch_size": 128}, [3, 0, FINISHED]),  # 384 rows read: 3 batches of 128
+        ({"batch_size": 100}, [3, 0, FINISHED]),  # rows 300-383 are read again
+        ({"batch_size": 32}, [12, 0, FINISHED]),
+        ({"seed": 2}, [0, 0, FINISHED]),  # another record order: started over
+        ({"shuffle_buffer": 1024}, [0, 0, FINISHED]),
+    ],
+)
+def test_a_split_read_part_way_goes_on_from_its_first_unread_row(change, want):
+    """A file split's position counts batches of its shuffled records. With another batch
+    size the same records come in other cuts: it goes on from the batch holding its first
+    unread record; with another record order (seed, shuffle buffer) it starts over."""
+    splits = [Split(i, file=f) for i, f in enumerate(["a.csv", "b.csv", "c.csv"])]
+    saved = SplitState(splits, _demo_data(batch_size=64))
+    saved.write([6, 0, FINISHED])
+    now = SplitState(splits, _demo_data(**{"batch_size": 64, **change}))
+    now.positions.assign(saved.positions)
+    assert now.read() == want
+
+
+def _demo_data(**data):
+    from recflow.config import load_config
+
+    config = os.path.join(os.path.dirname(__file__), "..", "configs", "deepfm_demo.yaml")
+    return load_config(config, [f"data.{k}={v}" for k, v in data.items()]).data
 
 
 def test_a_wave_gives_every_worker_a_chunk_and_stops_at_the_next_hook():

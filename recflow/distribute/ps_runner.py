@@ -99,7 +99,7 @@ class PSRunner:
         self.workers = workers
         self.splits = splits_lib.make_splits(config, self.workers)
         self.files = [s.file for s in self.splits if s.file] or None
-        self.state = splits_lib.SplitState(self.splits)
+        self.state = splits_lib.SplitState(self.splits, config.data)
         self.synthetic = None
         if config.data.format == "synthetic":
             self.synthetic = splits_lib.SyntheticChunks(config)

@@ -27,7 +27,7 @@ import logging
 import numpy as np
 import tensorflow as tf
 
-from recflow.config.schema import Config
+from recflow.config.schema import Config, DataConfig
 from recflow.data import pipeline, records, sources, synthetic
 
 logger = logging.getLogger(__name__)
@@ -137,20 +137,28 @@ def file_chunk_dataset(config: Config, file: str, epoch: int, first, count) -> t
 
 class SplitState(tf.Module):
     """Per split of the current epoch: batches trained, or `FINISHED`; saved in checkpoints
-    with the splits' names (a file's path, a synthetic row range).
+    with the splits' names (a file's path, a synthetic row range) and what a position
+    counts in (the batch size, and the record order: `data.shuffle`, `seed`,
+    `shuffle_buffer`).
 
     A restored state is matched to this run's splits by name: a split found there goes
     on from its saved position, any other starts at its beginning. So files added to
     `data.train` between runs are read in the resumed epoch and a position never moves
-    to another file; synthetic ranges cut for another worker count start over.
+    to another file; synthetic ranges cut for another worker count start over. A split
+    read in batches of another size goes on from the batch holding its first unread
+    record (at most a batch of rows is read again); one read in another record order
+    starts over (its rows read again, none lost).
 
     Args:
         splits: the epoch's splits.
+        data: the run's data config.
     """
 
-    def __init__(self, splits: list[Split]):
+    def __init__(self, splits: list[Split], data: DataConfig):
         super().__init__(name="splits")
         self.names = [str(s) for s in splits]
+        self.batch_size = data.batch_size
+        self.order = [data.shuffle, data.seed, data.shuffle_buffer]
         self.positions = tf.Variable(self._record([0] * len(splits)), trainable=False, name="positions")
 
     def read(self) -> list[int]:
@@ -159,9 +167,23 @@ class SplitState(tf.Module):
         if isinstance(saved, list):  # written before the state named its splits
             if len(saved) == len(self.names):
                 return saved
-            by_name = {}
-        else:
-            by_name = dict(zip(saved["splits"], saved["positions"]))
+            saved = {"splits": [], "positions": []}
+        positions = saved["positions"]
+        started = [p for p in positions if p not in (0, FINISHED)]
+        if started and saved.get("order", self.order) != self.order:
+            logger.warning(
+                "data.shuffle, seed or shuffle_buffer changed since the checkpoint: the %d input "
+                "splits read part way start over (their rows are read again)", len(started),
+            )
+            positions = [p if p == FINISHED else 0 for p in positions]
+        elif started and saved.get("batch_size", self.batch_size) != self.batch_size:
+            old = saved["batch_size"]
+            logger.warning(
+                "data.batch_size changed since the checkpoint (%d -> %d): the input splits read "
+                "part way go on from the batch that holds their first unread row", old, self.batch_size,
+            )
+            positions = [p if p == FINISHED else p * old // self.batch_size for p in positions]
+        by_name = dict(zip(saved["splits"], positions))
         if set(by_name) != set(self.names):
             logger.warning(
                 "the checkpoint's input splits are not this run's: %d of %d go on from their "
@@ -178,4 +200,7 @@ class SplitState(tf.Module):
         self.write([0] * len(self.names))
 
     def _record(self, positions: list[int]) -> str:
-        return json.dumps({"splits": self.names, "positions": [int(p) for p in positions]})
+        return json.dumps({
+            "splits": self.names, "positions": [int(p) for p in positions],
+            "batch_size": self.batch_size, "order": self.order,
+        })
