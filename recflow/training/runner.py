@@ -214,10 +214,11 @@ class LocalRunner:
                 (they would never be trained).
         """
         now = [os.path.realpath(f) for f in self.files or []]
-        new = [f for f in now if f not in set(began)]
+        began_set, now_set = set(began), set(now)
+        new = [f for f in now if f not in began_set]
         if not new:
             return
-        gone = [f for f in began if f not in set(now)]
+        gone = [f for f in began if f not in now_set]
         changed = f"new: {_listed(new)}" + (f"; gone: {_listed(gone)}" if gone else "")
         when = f"the training files changed since the checkpoint was written in epoch {epoch + 1}"
         train = self.config.train
