@@ -142,6 +142,42 @@ def test_files_added_mid_epoch_join_at_the_next_epoch_and_are_never_dropped(tmp_
     assert metrics["examples"] == metrics["examples_read"] == (400 - 3 * 64) + 600
 
 
+def test_a_resume_with_shuffle_changed_starts_its_epoch_over(tmp_path, caplog, monkeypatch):
+    """An input position holds the order its epoch began with. Resumed with data.shuffle
+    changed, the epoch starts over from its first row (none is dropped), with a warning;
+    a position whose record cannot tell is refused in one line, nothing written."""
+    assert main(["data", "synth", "--out", str(tmp_path), "--rows", "600"]) == 0
+    model_dir = tmp_path / "model"
+
+    def train(shuffle, **more):
+        overrides = {
+            "data.format": "csv", "data.train": str(tmp_path / "train.csv"),
+            "data.eval": str(tmp_path / "eval.csv"), "data.batch_size": 64, "data.shuffle": shuffle,
+            "train.epochs": 1, "train.checkpoint_every_steps": 3, "train.evaluate": False,
+            "export.at_end": False, "model.params": {"dnn": {"hidden_units": [8]}}, **more,
+        }
+        return recflow_api.train(DEMO, model_dir=str(model_dir), overrides=overrides)
+
+    assert train(True, **{"train.steps": 3})["steps"] == 3  # 192 of the 600 rows read
+    first = (model_dir / "metrics.json").read_text()
+
+    # A checkpoint of an older recflow records no shuffle: its position fails to restore.
+    from recflow.training.runner import LocalRunner
+
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalRunner, "_resumed_record", lambda self, epoch: {})
+        with pytest.raises(DataError, match=r"ckpt-3: its input position does not fit this config's "
+                           r"input pipeline \(a data setting that shapes it changed since\)"):
+            train(False)
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-3.index"]
+    assert (model_dir / "metrics.json").read_text() == first  # nothing written
+
+    with caplog.at_level(logging.WARNING, logger="recflow"):
+        metrics = train(False)
+    assert "data.shuffle: changed since the checkpoint was written in epoch 1 (it was true)" in caplog.text
+    assert metrics["examples"] == metrics["examples_read"] == 600  # the whole epoch again
+    assert metrics["steps"] == 3 + 10  # ceil(600 / 64) steps after the first 3
+
 def test_a_run_killed_after_its_final_checkpoint_writes_its_export_and_metrics_on_restart(tmp_path):
     """kill -9 between the final checkpoint and the export/metrics: the restart trains nothing
     and writes what the run still owed; once they exist, a restart writes nothing."""

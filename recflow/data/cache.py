@@ -68,7 +68,7 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 MANIFEST = "manifest.json"
 VARIABLE = "input_cache"  # the checkpoint's record of where its input position was read
-FROM_FILES = "files"  # its value for a position read from the files
+FROM_FILES = "files"  # its value for a position read from the files, before it named them
 FORMATS = ("csv", "tfrecord")  # readers built on `records.numbered`
 MEMORY_FRACTION = 0.25  # `auto` leaves out training files larger than this part of the memory
 _NOT_KEPT, _BAD = -1, -2  # `record_rows` of a record that is not a row: ignored, bad
@@ -159,15 +159,14 @@ class InputCache:
     def path(self) -> str:
         return os.path.join(self.directory, f"train-{self.key[:16]}")
 
-    def position_record(self) -> str:
+    def position_record(self) -> dict:
         """What the checkpoint saves beside a position read from this cache: the layout
         of records the position's keys index (see `LocalRunner`)."""
-        return json.dumps({"key": self.key, "records": self.records, "first": self.first})
+        return {"key": self.key, "records": self.records, "first": self.first}
 
-    def fits(self, saved: str) -> bool:
+    def fits(self, record: dict) -> bool:
         """Whether a position saved with `position_record` indexes this cache's records
         (the same files, or files of the very same record layout)."""
-        record = json.loads(saved)
         return record["records"] == self.records and record["first"] == self.first
 
     # ------------------------------------------------------------------ the epochs

@@ -40,7 +40,7 @@ from recflow.config.loader import dump_config
 from recflow.config.schema import Config
 from recflow.embedding import lifecycle, reshard
 from recflow.embedding.engine import check_checkpoint
-from recflow.errors import RecflowError
+from recflow.errors import DataError, RecflowError
 from recflow.exporter.saved_model import Exporter, dense_weights, existing_versions, saved_structure
 from recflow.layout import Layout
 from recflow.models import identity
@@ -108,7 +108,9 @@ class ModelDir(Layout):
         read before the checkpoint is opened (see `checkpoints.saved_value`)."""
         return checkpoints.saved_value(self.checkpoint_dir, name)
 
-    def open_checkpoint(self, iterator=None, restore: bool = True, **extra) -> None:
+    def open_checkpoint(
+        self, iterator=None, restore: bool = True, restore_position: bool = True, **extra
+    ) -> None:
         """Creates the checkpoint of the model, the optimizer, the delta chain, the input
         position (`iterator`) and `extra` objects; restores the latest one when `restore`.
 
@@ -116,11 +118,15 @@ class ModelDir(Layout):
             iterator: a `tf.data` iterator whose position goes into the checkpoint.
             restore: restore the newest readable checkpoint (False: a new input pass of
                 a run already restored; the next save records it).
+            restore_position: restore the iterator's position too (False: the iterator
+                starts its pass over; the next save records its position).
             **extra: more trackable objects to save under their names (e.g. `epoch`).
 
         Raises:
             RecflowError: the checkpoint was written for another model structure or an
                 unreadable key format, or no checkpoint present reads back whole.
+            DataError: the checkpoint's input position does not fit `iterator`'s
+                pipeline (a data setting that shapes it changed).
         """
         model = self.model
         objects = {
@@ -149,7 +155,19 @@ class ModelDir(Layout):
             check_checkpoint(latest)
             self._check_identity(latest)
             self._status(f"Restoring {latest}")
-            model.embedding.restore(self._checkpoint, latest).expect_partial()
+            restored = self._checkpoint
+            if iterator is not None and not restore_position:
+                restored = tf.train.Checkpoint(**{k: v for k, v in objects.items() if k != "iterator"})
+            try:
+                model.embedding.restore(restored, latest).expect_partial()
+            except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as error:
+                if iterator is None or "iterator" not in str(error):
+                    raise
+                raise DataError(
+                    f"{latest}: its input position does not fit this config's input pipeline "
+                    "(a data setting that shapes it changed since); go back to the data "
+                    "settings the checkpoint was written with to finish its epoch"
+                ) from None
             self._reshard(latest)
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)

@@ -73,10 +73,10 @@ class LocalRunner:
     """Runs steps in this process, from a checkpointed `tf.data` iterator.
 
     With an input cache, the epochs from `cache.first_epoch` on read its rows. The
-    checkpoint records beside the position where it was read (`cache.VARIABLE`:
-    `cache.FROM_FILES`, or the cache's record layout; "" when it holds no position),
-    and a resumed epoch goes on reading the way it began, whatever `data.cache` says
-    now: a position only means something in its own pipeline.
+    checkpoint records beside the position where it was read (`cache.VARIABLE`: the
+    files, or the cache's record layout, and `data.shuffle`; "" when it holds no
+    position), and a resumed epoch goes on reading the way it began, whatever
+    `data.cache` says now: a position only means something in its own pipeline.
 
     Args:
         config: the run config.
@@ -106,7 +106,7 @@ class LocalRunner:
 
     def start_epoch(self, epoch: int, last: bool = False) -> dict:
         """Builds the input of `epoch`; returns what the checkpoint saves of it (the iterator
-        and where it reads).
+        and where it reads) and whether a restore reads its position back.
 
         After the `last` pass no iterator is built (its pipeline would start reading
         while the run evaluates and exports), and the cache is released: a checkpoint
@@ -118,32 +118,54 @@ class LocalRunner:
                 self.cache.close()
             self._source.assign("")
             return {"iterator": None, "input_cache": self._source}
-        if self._reads_cache(epoch):
+        resumed = self._resumed_record(epoch)
+        if self._reads_cache(epoch, resumed):
             self.iterator = iter(self.make_input(epoch, cache=self.cache))
-            self._source.assign(self.cache.position_record())
+            record = self.cache.position_record()
         else:
             self.iterator = iter(self.make_input(epoch))
-            self._source.assign(self._files_record())
-        return {"iterator": self.iterator, "input_cache": self._source}
+            record = {} if self.files is None else {"files": [os.path.realpath(f) for f in self.files]}
+        self._source.assign(json.dumps({**record, "shuffle": self.config.data.shuffle}))
+        return {
+            "iterator": self.iterator,
+            "input_cache": self._source,
+            "restore_position": resumed is not None,
+        }
 
-    def _files_record(self) -> str:
-        """What the checkpoint saves beside a position read from the files: the files (a
-        restored position reads on over the files its epoch began with)."""
-        if self.files is None:  # synthetic rows
-            return FROM_FILES
-        return json.dumps({"files": [os.path.realpath(f) for f in self.files]})
+    def _resumed_record(self, epoch: int) -> dict | None:
+        """The restored checkpoint's record of its input position (`cache.VARIABLE`), read
+        once: None when there is none to go on from.
 
-    def _reads_cache(self, epoch: int) -> bool:
-        """Whether `epoch` reads the cache: as its restored position did, else by plan."""
+        The record names how the position was read: the files (`files`, the realpaths),
+        the synthetic rows (neither), or the input cache (`key`, `records`, `first`), and
+        `shuffle`. A position holds the order its epoch began with: with `data.shuffle`
+        changed since, the epoch starts over (the rows it had read are trained again).
+        """
         resumed, self._resumed = self._resumed, None
-        if not resumed:  # no position to go on from
+        if not resumed:
+            return None
+        if resumed == FROM_FILES:  # written before the record named more
+            return {}
+        record = json.loads(resumed)
+        shuffle = self.config.data.shuffle
+        if record.get("shuffle", shuffle) != shuffle:
+            logger.warning(
+                "data.shuffle: changed since the checkpoint was written in epoch %d (it was %s); "
+                "that epoch's input position holds the order it began with, so the epoch starts "
+                "over from its first row and the rows it had read are trained again",
+                epoch + 1, str(record["shuffle"]).lower(),
+            )
+            return None
+        return record
+
+    def _reads_cache(self, epoch: int, resumed: dict | None) -> bool:
+        """Whether `epoch` reads the cache: as its restored position did, else by plan."""
+        if resumed is None:  # no position to go on from
             first = None if self.cache is None else self.cache.first_epoch
             return first is not None and epoch >= first
-        if resumed == FROM_FILES:  # synthetic rows, or files before the record named them
-            return False
-        record = json.loads(resumed)
-        if "files" in record:
-            self._check_files(record["files"], epoch)
+        if "key" not in resumed:  # read from the files, or synthetic rows
+            if "files" in resumed:
+                self._check_files(resumed["files"], epoch)
             return False
         if self.cache is None:
             raise DataError(
