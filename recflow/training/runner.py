@@ -15,8 +15,9 @@ back into the trainer.
   split state is saved in the checkpoint.
 
 A runner has `files` (what its input reads), `start_epoch(epoch, last)` (builds
-the epoch's input; returns what the checkpoint saves of it, or None when the
-checkpoint already holds it) and `epoch_reports(epoch, target)`.
+the epoch's input; returns what the checkpoint saves of it, as `ModelDir.
+open_checkpoint`'s keyword arguments, or None when the checkpoint already holds it)
+and `epoch_reports(epoch, target)`.
 """
 
 from __future__ import annotations
