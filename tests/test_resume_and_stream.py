@@ -144,8 +144,9 @@ def test_files_added_mid_epoch_join_at_the_next_epoch_and_are_never_dropped(tmp_
 
 def test_a_resume_with_shuffle_changed_starts_its_epoch_over(tmp_path, caplog, monkeypatch):
     """An input position holds the order its epoch began with. Resumed with data.shuffle
-    changed, the epoch starts over from its first row (none is dropped), with a warning;
-    a position whose record cannot tell is refused in one line, nothing written."""
+    changed, the epoch starts over from its first row (none is dropped), with a warning,
+    and its new position is the one a later resume goes on from; a position whose record
+    cannot tell is refused in one line, nothing written."""
     assert main(["data", "synth", "--out", str(tmp_path), "--rows", "600"]) == 0
     model_dir = tmp_path / "model"
 
@@ -173,9 +174,15 @@ def test_a_resume_with_shuffle_changed_starts_its_epoch_over(tmp_path, caplog, m
     assert (model_dir / "metrics.json").read_text() == first  # nothing written
 
     with caplog.at_level(logging.WARNING, logger="recflow"):
-        metrics = train(False)
+        metrics = train(False, **{"train.steps": 8})
     assert "data.shuffle: changed since the checkpoint was written in epoch 1 (it was true)" in caplog.text
-    assert metrics["examples"] == metrics["examples_read"] == 600  # the whole epoch again
+    assert metrics["examples"] == metrics["examples_read"] == 5 * 64  # the epoch from its first row
+    # Stopped again part way: the new position goes on, in the order it began with.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="recflow"):
+        metrics = train(False)
+    assert "data.shuffle" not in caplog.text
+    assert metrics["examples"] == metrics["examples_read"] == 600 - 5 * 64
     assert metrics["steps"] == 3 + 10  # ceil(600 / 64) steps after the first 3
 
 def test_a_run_killed_after_its_final_checkpoint_writes_its_export_and_metrics_on_restart(tmp_path):

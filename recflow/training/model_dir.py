@@ -38,6 +38,7 @@ import tensorflow as tf
 from recflow.atomic import staged_dir, write_json
 from recflow.config.loader import dump_config
 from recflow.config.schema import Config
+from recflow.data import cache as input_cache
 from recflow.embedding import lifecycle, reshard
 from recflow.embedding.engine import check_checkpoint
 from recflow.errors import DataError, RecflowError
@@ -118,8 +119,9 @@ class ModelDir(Layout):
             iterator: a `tf.data` iterator whose position goes into the checkpoint.
             restore: restore the newest readable checkpoint (False: a new input pass of
                 a run already restored; the next save records it).
-            restore_position: restore the iterator's position too (False: the iterator
-                starts its pass over; the next save records its position).
+            restore_position: restore the iterator's position and its record
+                (`recflow.data.cache.VARIABLE`) too (False: the iterator starts its pass
+                over; the next save records its position).
             **extra: more trackable objects to save under their names (e.g. `epoch`).
 
         Raises:
@@ -156,8 +158,9 @@ class ModelDir(Layout):
             self._check_identity(latest)
             self._status(f"Restoring {latest}")
             restored = self._checkpoint
-            if iterator is not None and not restore_position:
-                restored = tf.train.Checkpoint(**{k: v for k, v in objects.items() if k != "iterator"})
+            if iterator is not None and not restore_position:  # nor the record of it
+                position = ("iterator", input_cache.VARIABLE)
+                restored = tf.train.Checkpoint(**{k: v for k, v in objects.items() if k not in position})
             try:
                 model.embedding.restore(restored, latest).expect_partial()
             except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as error:
