@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 
 import numpy as np
 import procs
@@ -184,6 +185,55 @@ def test_a_resume_with_shuffle_changed_starts_its_epoch_over(tmp_path, caplog, m
     assert "data.shuffle" not in caplog.text
     assert metrics["examples"] == metrics["examples_read"] == 600 - 5 * 64
     assert metrics["steps"] == 3 + 10  # ceil(600 / 64) steps after the first 3
+
+def test_a_position_of_the_other_kind_of_run_is_announced(tmp_path):
+    """Local runs and parameter servers keep input positions in their own forms, and neither
+    reads on from the other's: a checkpoint written part way through an epoch by the other
+    kind is announced (its epoch starts over); one written between epochs is not."""
+    import tensorflow as tf
+
+    from recflow.distribute.splits import Split, SplitState
+    from recflow.training import checkpoints
+    from recflow.training.trainer import _position_of_the_other_kind
+
+    assert main(["data", "synth", "--out", str(tmp_path), "--rows", "600"]) == 0
+
+    def stored(model_dir):  # what `_position_of_the_other_kind` reads of a model dir
+        return types.SimpleNamespace(saved_value=lambda name: checkpoints.saved_value(str(model_dir / "checkpoints"), name))
+
+    def train(model_dir, **more):
+        overrides = {
+            "data.format": "csv", "data.train": str(tmp_path / "train.csv"),
+            "data.eval": str(tmp_path / "eval.csv"), "data.batch_size": 64,
+            "train.checkpoint_every_steps": 3, "train.evaluate": False, "export.at_end": False,
+            "model.params": {"dnn": {"hidden_units": [8]}}, **more,
+        }
+        recflow_api.train(DEMO, model_dir=str(model_dir), overrides=overrides)
+        return stored(model_dir)
+
+    part_way = train(tmp_path / "part", **{"train.epochs": 2, "train.steps": 3})
+    assert _position_of_the_other_kind(part_way, local=True) is None
+    assert _position_of_the_other_kind(part_way, local=False).startswith(
+        "the checkpoint was written by a local run part way through epoch 1; parameter servers "
+        "cannot read on from its input position, so the epoch starts over")
+    done = train(tmp_path / "done", **{"train.epochs": 1})  # no position after the last pass
+    assert _position_of_the_other_kind(done, local=False) is None
+
+    # A parameter-server checkpoint: the split state beside the epoch.
+    splits = [Split(0, file="a.csv"), Split(1, file="b.csv")]
+    for i, (positions, told) in enumerate([([0, 0], False), ([3, 0], True), ([-1, 2], True)]):
+        model_dir = tmp_path / f"ps-{i}"
+        state = SplitState(splits, recflow_api.load(DEMO, overrides={"data.format": "synthetic"}).data)
+        state.write(positions)
+        checkpoint = tf.train.Checkpoint(epoch=tf.Variable(0, dtype=tf.int64), splits=state)
+        tf.train.CheckpointManager(checkpoint, str(model_dir / "checkpoints"), 1).save(checkpoint_number=5)
+        message = _position_of_the_other_kind(stored(model_dir), local=True)
+        assert (message is not None) == told, positions
+        if told:
+            assert message.startswith("the checkpoint was written under parameter servers part way "
+                                      "through epoch 1; a local run cannot read on")
+        assert _position_of_the_other_kind(stored(model_dir), local=False) is None
+
 
 def test_a_run_killed_after_its_final_checkpoint_writes_its_export_and_metrics_on_restart(tmp_path):
     """kill -9 between the final checkpoint and the export/metrics: the restart trains nothing

@@ -5,7 +5,9 @@ server started by `recflow train` with its own TF_CONFIG. The launcher writes
 `MODEL_DIR/cluster.json` and one log per task under `MODEL_DIR/logs/`, and
 supervises: a worker that dies is restarted (its steps run on the others in
 the meantime); when a PS dies the whole cluster is restarted, and the chief
-restores the last checkpoint and goes on. Every process it started is stopped
+restores the last checkpoint and goes on. What the chief says to its user
+(its `recflow: ...` lines: warnings, and the error it stops with) is relayed to
+the launcher's standard error as it is logged. Every process it started is stopped
 on success, failure or Ctrl-C, and dies with the launcher even when the
 launcher is killed with -9 (`PR_SET_PDEATHSIG`).
 
@@ -207,6 +209,8 @@ class Cluster:
             job: [t.address for t in self.tasks if t.job == job] for job in ("chief", "worker", "ps")
         }
         self.network: PrivateNetwork | None = None
+        self._relayed = 0  # bytes of the chief's log read for `recflow:` lines
+        self._partial = b""  # a line the chief has not finished writing
 
     def _env(self, task: Task) -> dict:
         tf_config = {"cluster": self.spec, "task": {"type": task.job, "index": task.index}}
@@ -222,6 +226,8 @@ class Cluster:
         os.makedirs(logs, exist_ok=True)
         if task.log is None:
             task.log = open(os.path.join(logs, f"{task.name}.log"), "ab")  # noqa: SIM115
+            if task.job == "chief":  # relay from its end: an earlier launch's lines are not
+                self._relayed, self._partial = os.path.getsize(task.log.name), b""
         command = [sys.executable, "-m", "recflow.cli", "train", *self.train_args, "--quiet"]
         command += ["--set", "distribute.strategy=parameter_server"]
         parent, network = os.getpid(), self.network
@@ -236,6 +242,24 @@ class Cluster:
             preexec_fn=before_exec,
         )
         self.write_manifest()
+
+    def _relay(self, chief: Task, ended: bool = False) -> None:
+        """Copies the `recflow: ...` lines the chief logged since the last call to standard
+        error (every incarnation of the chief appends to one log)."""
+        path = os.path.join(Layout(self.model_dir).logs_dir, f"{chief.name}.log")
+        try:
+            with open(path, "rb") as f:
+                f.seek(self._relayed)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        self._relayed += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        if ended:
+            lines, self._partial = [*lines, self._partial], b""
+        for line in lines:
+            if line.startswith(b"recflow: "):
+                print(line.decode("utf-8", "replace").rstrip(), file=sys.stderr, flush=True)
 
     def write_manifest(self) -> None:
         write_json(
@@ -319,6 +343,7 @@ class Cluster:
             chief = self.tasks[0]
             while True:
                 time.sleep(poll_seconds)
+                self._relay(chief)
                 dead_ps = [t for t in self.tasks if t.job == "ps" and t.process.poll() is not None]
                 if dead_ps:
                     self._restart_cluster(dead_ps)
@@ -328,6 +353,7 @@ class Cluster:
                         self._restart(t, f"exited with {t.process.returncode}")
                 code = chief.process.poll()
                 if code is not None:
+                    self._relay(chief, ended=True)
                     return code
         finally:
             self.stop()

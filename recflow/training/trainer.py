@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -192,6 +193,9 @@ class Trainer:
 
     def make_runner(self):
         """The step runner of `fit`: `make_runner`'s, else a `LocalRunner`."""
+        other = _position_of_the_other_kind(self.model_dir, local=self._make_runner is None)
+        if other:
+            logger.warning("%s", other)
         if self._make_runner is None:
             files = self.train_files()
             cache = input_cache.for_run(self.config, files, self.model_dir.cache_dir)
@@ -456,6 +460,42 @@ class Trainer:
         result["timing"] = self.timing.as_dict(summary.get("examples", 0), passes)
         self.model_dir.write_metrics(result)
         return result
+
+
+def _position_of_the_other_kind(model_dir: ModelDir, local: bool) -> str | None:
+    """What a resumed run must be told when its checkpoint was written part way through an
+    epoch by the other kind of run: local runs and parameter servers keep their input
+    positions in their own forms (a `tf.data` iterator; split positions), and neither can
+    read on from the other's, so the epoch starts over. None when there is nothing to tell.
+
+    (A local checkpoint holds a position from its epoch's first batch until its last pass
+    ends; one stopped by `train.steps` at an epoch's end still holds that epoch, whose
+    rows parameter servers would read again.)
+    """
+    epoch = model_dir.saved_value("epoch")
+    if epoch is None:
+        return None
+    when = f"part way through epoch {int(epoch) + 1}"
+    if local:  # parameter servers' split state: a split read at all is part of the epoch
+        saved = model_dir.saved_value("splits/positions")
+        if saved is None:
+            return None
+        state = json.loads(saved.decode())
+        positions = state if isinstance(state, list) else state["positions"]
+        if not any(positions):
+            return None
+        return (
+            f"the checkpoint was written under parameter servers {when}; a local run cannot "
+            "read on from its input splits' positions, so the epoch starts over from its first "
+            "row and the rows they had read are trained again"
+        )
+    if not model_dir.saved_value(input_cache.VARIABLE):  # no position: between epochs
+        return None
+    return (
+        f"the checkpoint was written by a local run {when}; parameter servers cannot read on "
+        "from its input position, so the epoch starts over from its first row and the rows "
+        "it had read are trained again"
+    )
 
 
 def _name(files: list[str] | None) -> str:
