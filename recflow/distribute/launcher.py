@@ -246,9 +246,8 @@ class Cluster:
     def _relay(self, chief: Task, ended: bool = False) -> None:
         """Copies the `recflow: ...` lines the chief logged since the last call to standard
         error (every incarnation of the chief appends to one log)."""
-        path = os.path.join(Layout(self.model_dir).logs_dir, f"{chief.name}.log")
         try:
-            with open(path, "rb") as f:
+            with open(chief.log.name, "rb") as f:
                 f.seek(self._relayed)
                 data = f.read()
         except FileNotFoundError:

@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from recflow.data.cache import FROM_FILES, InputCache
+from recflow.data.cache import FROM_FILES, VARIABLE, InputCache
 from recflow.data.records import NONFINITE, TRUNCATED
 from recflow.errors import DataError
 from recflow.quiet import native_stderr_silenced
@@ -103,7 +103,7 @@ class LocalRunner:
         self.iterator = None
         self._step_fn = None
         self._first_step = True
-        self._source = tf.Variable("", trainable=False, name="input_cache")
+        self._source = tf.Variable("", trainable=False, name=VARIABLE)
 
     def start_epoch(self, epoch: int, last: bool = False) -> dict:
         """Builds the input of `epoch`; returns what the checkpoint saves of it (the iterator
@@ -118,18 +118,18 @@ class LocalRunner:
             if self.cache is not None:
                 self.cache.close()
             self._source.assign("")
-            return {"iterator": None, "input_cache": self._source}
+            return {"iterator": None, VARIABLE: self._source}
         resumed = self._resumed_record(epoch)
         if self._reads_cache(epoch, resumed):
             self.iterator = iter(self.make_input(epoch, cache=self.cache))
             record = self.cache.position_record()
         else:
             self.iterator = iter(self.make_input(epoch))
-            record = {} if self.files is None else {"files": [os.path.realpath(f) for f in self.files]}
+            record = {} if self.files is None else {"files": self._real_files()}
         self._source.assign(json.dumps({**record, "shuffle": self.config.data.shuffle}))
         return {
             "iterator": self.iterator,
-            "input_cache": self._source,
+            VARIABLE: self._source,
             "restore_position": resumed is not None,
         }
 
@@ -225,6 +225,10 @@ class LocalRunner:
                 **counts,
             )
 
+    def _real_files(self) -> list[str]:
+        """The training files by their real paths: what the record names and compares."""
+        return [os.path.realpath(f) for f in self.files or []]
+
     def _check_files(self, began: list[str], epoch: int) -> None:
         """A position restored from the files reads on over the files its epoch began
         with (`began`); files new in `data.train` since join at the next epoch.
@@ -236,7 +240,7 @@ class LocalRunner:
             DataError: `data.train` has new files and this epoch is the run's last
                 (they would never be trained).
         """
-        now = [os.path.realpath(f) for f in self.files or []]
+        now = self._real_files()
         began_set, now_set = set(began), set(now)
         new = [f for f in now if f not in began_set]
         if not new:
