@@ -20,6 +20,7 @@ import pytest
 from conftest import items, small
 from test_ps_cluster import pid_of, wait_for  # pytest puts tests/ on sys.path
 
+from recflow.data import split_positions
 from recflow.distribute.splits import FINISHED, Split, SplitState
 
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
@@ -223,6 +224,18 @@ def test_a_restored_split_state_goes_on_by_split_name():
     assert now.read() == [7, 2, 1]
     now.positions.assign(json.dumps([7, 2]))
     assert now.read() == [0, 0, 0]
+
+
+def test_a_split_record_says_whether_its_epoch_is_under_way():
+    """What a local run resuming a PS checkpoint asks: was any split read (a finished one
+    counts), in the current form of the record and the bare list before it."""
+    data = _demo_data()
+    state = SplitState([Split(0, file="a.csv"), Split(1, file="b.csv")], data)
+    assert not split_positions.started(state.positions.numpy())
+    for positions in ([3, 0], [0, FINISHED]):
+        state.write(positions)
+        assert split_positions.started(state.positions.numpy())
+    assert split_positions.started(json.dumps([0, 4])) and not split_positions.started("[0, 0]")
 
 
 @pytest.mark.parametrize(

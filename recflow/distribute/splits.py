@@ -21,14 +21,14 @@ read from its start, so file chunks run to the end of the file (or to the
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 
 import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config, DataConfig
-from recflow.data import pipeline, records, sources, synthetic
+from recflow.data import pipeline, records, sources, split_positions, synthetic
+from recflow.data.split_positions import FINISHED
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,6 @@ SPLITS_PER_WORKER = 4  # synthetic row ranges per worker at most: load balance v
 # optimized for each new iterator), ~15 steps of the demo at batch 512.
 MIN_SPLIT_BATCHES = 256
 UNLIMITED = 2**62  # a chunk's batch count: to the end of its split
-FINISHED = -1  # SplitState position of a split whose every batch is trained
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +162,10 @@ class SplitState(tf.Module):
 
     def read(self) -> list[int]:
         """The positions of this run's splits (see the class)."""
-        saved = json.loads(self.positions.numpy().decode())
-        if isinstance(saved, list):  # written before the state named its splits
-            if len(saved) == len(self.names):
-                return saved
+        saved = split_positions.decode(self.positions.numpy())
+        if saved["splits"] is None:  # written before the state named its splits
+            if len(saved["positions"]) == len(self.names):
+                return saved["positions"]
             saved = {"splits": [], "positions": []}
         positions = saved["positions"]
         started = [p for p in positions if p not in (0, FINISHED)]
@@ -200,7 +199,4 @@ class SplitState(tf.Module):
         self.write([0] * len(self.names))
 
     def _record(self, positions: list[int]) -> str:
-        return json.dumps({
-            "splits": self.names, "positions": [int(p) for p in positions],
-            "batch_size": self.batch_size, "order": self.order,
-        })
+        return split_positions.encode(self.names, positions, self.batch_size, self.order)

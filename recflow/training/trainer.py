@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -21,7 +20,7 @@ import tf_keras as keras
 from recflow import data as data_lib
 from recflow.config.schema import Config
 from recflow.data import cache as input_cache
-from recflow.data import fit
+from recflow.data import fit, split_positions
 from recflow.data.records import NONFINITE, TRUNCATED, reused
 from recflow.embedding.placement import Placement
 from recflow.errors import DataError
@@ -477,12 +476,8 @@ def _position_of_the_other_kind(model_dir: ModelDir, local: bool) -> str | None:
         return None
     when = f"part way through epoch {int(epoch) + 1}"
     if local:  # parameter servers' split state: a split read at all is part of the epoch
-        saved = model_dir.saved_value("splits/positions")
-        if saved is None:
-            return None
-        state = json.loads(saved.decode())
-        positions = state if isinstance(state, list) else state["positions"]
-        if not any(positions):
+        saved = model_dir.saved_value(split_positions.VARIABLE)
+        if saved is None or not split_positions.started(saved):
             return None
         return (
             f"the checkpoint was written under parameter servers {when}; a local run cannot "
