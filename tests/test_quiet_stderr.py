@@ -1,14 +1,18 @@
-"""TensorFlow's native log lines stay off the user's screen: a run with XLA prints
-nothing on stderr (absl's `I0000 ... XLA service` lines came through before)."""
+"""A run keeps TensorFlow's noise to itself: a run with XLA prints nothing on stderr
+(absl's `I0000 ... XLA service` lines came through before) and leaves nothing in the
+temp dir (AutoGraph's generated modules stayed there: the CLI's fast exit skipped
+their removal)."""
 
 import os
 import subprocess
 import sys
 
 
-def test_an_xla_run_prints_nothing_on_stderr(tmp_path):
+def test_an_xla_run_prints_nothing_on_stderr_and_leaves_no_temp_files(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RECFLOW_DEBUG"}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["TMPDIR"] = str(tmp_path / "tmp")  # the run's temp dir (Python's tempfile reads it)
+    os.mkdir(env["TMPDIR"])
     done = subprocess.run(
         [sys.executable, "-m", "recflow.cli", "train", "configs/deepfm_demo.yaml", "--quiet",
          "--model-dir", str(tmp_path / "m"), "--set", "data.synthetic={rows: 2000, eval_rows: 200}",
@@ -19,3 +23,4 @@ def test_an_xla_run_prints_nothing_on_stderr(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert "model dir:" in done.stdout
+    assert os.listdir(env["TMPDIR"]) == []
