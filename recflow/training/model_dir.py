@@ -157,20 +157,20 @@ class ModelDir(Layout):
             check_checkpoint(latest)
             self._check_identity(latest)
             self._status(f"Restoring {latest}")
-            restored = self._checkpoint
-            if iterator is not None and not restore_position:  # nor the record of it
-                position = ("iterator", input_cache.VARIABLE)
-                restored = tf.train.Checkpoint(**{k: v for k, v in objects.items() if k not in position})
-            try:
-                model.embedding.restore(restored, latest).expect_partial()
-            except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError) as error:
-                if iterator is None or "iterator" not in str(error):
-                    raise
-                raise DataError(
-                    f"{latest}: its input position does not fit this config's input pipeline "
-                    "(a data setting that shapes it changed since); go back to the data "
-                    "settings the checkpoint was written with to finish its epoch"
-                ) from None
+            # The input position is read on its own, after the rest: what fails there is
+            # the position (without it, the record of it is left out too).
+            left_out = {"iterator"} if restore_position else {"iterator", input_cache.VARIABLE}
+            rest = tf.train.Checkpoint(**{k: v for k, v in objects.items() if k not in left_out})
+            model.embedding.restore(rest, latest).expect_partial()
+            if iterator is not None and restore_position:
+                try:
+                    tf.train.Checkpoint(iterator=iterator).read(latest).expect_partial()
+                except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError):
+                    raise DataError(
+                        f"{latest}: its input position does not fit this config's input pipeline "
+                        "(a data setting that shapes it changed since); go back to the data "
+                        "settings the checkpoint was written with to finish its epoch"
+                    ) from None
             self._reshard(latest)
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
