@@ -10,6 +10,12 @@ def one_line(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
+def listed(names: list[str], shown: int = 3) -> str:
+    """`a, b, c`; a longer list names its first `shown`: `a, b, c and 2 more`."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 class RecflowError(Exception):
     """A mistake the user can fix (bad config, bad arguments, unreadable data).
 

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from recflow.data.cache import FROM_FILES, VARIABLE, InputCache
 from recflow.data.records import NONFINITE, TRUNCATED
-from recflow.errors import DataError
+from recflow.errors import DataError, listed
 from recflow.quiet import native_stderr_silenced
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class LocalRunner:
         if not new:
             return
         gone = [f for f in began if f not in now_set]
-        changed = f"new: {_listed(new)}" + (f"; gone: {_listed(gone)}" if gone else "")
+        changed = f"new: {listed(new)}" + (f"; gone: {listed(gone)}" if gone else "")
         when = f"the training files changed since the checkpoint was written in epoch {epoch + 1}"
         train = self.config.train
         total = train.total_epochs
@@ -260,12 +260,6 @@ class LocalRunner:
             "data.train: %s (%s); that epoch reads on over the files it began with, and the new "
             "ones join at the next", when, changed,
         )
-
-
-def _listed(files: list[str]) -> str:
-    """Up to 3 file names, then how many more."""
-    more = f" and {len(files) - 3} more" if len(files) > 3 else ""
-    return ", ".join(files[:3]) + more
 
 
 def _out_of_range(config, batch) -> str:

@@ -23,7 +23,7 @@ from recflow.data import cache as input_cache
 from recflow.data import fit, split_positions
 from recflow.data.records import NONFINITE, TRUNCATED, reused
 from recflow.embedding.placement import Placement
-from recflow.errors import DataError
+from recflow.errors import DataError, listed
 from recflow.features.transform import transform
 from recflow.models import build_model
 from recflow.models.base import RankingModel
@@ -500,6 +500,5 @@ def _name(files: list[str] | None) -> str:
 
 
 def _count(names: list[str], what: str) -> str:
-    """`3 auto normalizers (a, b, c)`; long lists are cut: `13 ... (I1, I2, ..., I13)`."""
-    shown = names if len(names) <= 4 else [names[0], names[1], "...", names[-1]]
-    return f"{len(names)} {what}{'s' if len(names) != 1 else ''} ({', '.join(shown)})"
+    """`2 auto normalizers (a, b)`; `13 auto normalizers (I1, I10, I11 and 10 more)`."""
+    return f"{len(names)} {what}{'s' if len(names) != 1 else ''} ({listed(names)})"
