@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 
-VARIABLE = "splits/positions"  # the record's name in a checkpoint
+CHECKPOINT_KEY = "splits"  # the `SplitState` in a checkpoint, beside the model
+VARIABLE = f"{CHECKPOINT_KEY}/positions"  # the record in a checkpoint (`SplitState.positions`)
 FINISHED = -1  # the position of a split whose every batch is trained
 
 

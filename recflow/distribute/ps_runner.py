@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config
-from recflow.data import records
+from recflow.data import records, split_positions
 from recflow.distribute import splits as splits_lib
 from recflow.distribute.chunk import train_chunk
 from recflow.distribute.cluster import TaskRole, make_strategy, ps_devices
@@ -126,7 +126,7 @@ class PSRunner:
         every split again (the checkpoint already holds the state)."""
         if not self._opened:
             self._opened = True
-            return {"splits": self.state}
+            return {split_positions.CHECKPOINT_KEY: self.state}
         self.state.reset()
         return None
 
