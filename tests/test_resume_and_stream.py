@@ -186,6 +186,7 @@ def test_a_resume_with_shuffle_changed_starts_its_epoch_over(tmp_path, caplog, m
     assert metrics["examples"] == metrics["examples_read"] == 600 - 5 * 64
     assert metrics["steps"] == 3 + 10  # ceil(600 / 64) steps after the first 3
 
+
 def test_a_position_of_the_other_kind_of_run_is_announced(tmp_path):
     """Local runs and parameter servers keep input positions in their own forms, and neither
     reads on from the other's: a checkpoint written part way through an epoch by the other
