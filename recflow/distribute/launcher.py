@@ -293,8 +293,12 @@ class Cluster:
             self.network = None
 
     def _start_all(self) -> None:
-        """Starts every task, servers first."""
-        for task in sorted(self.tasks, key=lambda t: t.job != "ps"):
+        """Starts every task: the PS tasks, the workers, then the chief. The chief takes
+        the model dir's lock and clears the stale temp files there as it starts, and the
+        launcher writes `cluster.json` (through a temp file) after each start: started
+        last, the chief cannot remove one of those mid-write."""
+        order = {"ps": 0, "worker": 1, "chief": 2}
+        for task in sorted(self.tasks, key=lambda t: order[t.job]):
             self.start(task)
 
     @staticmethod

@@ -1,6 +1,7 @@
-"""Runs `recflow launch good.yaml --ps 1 --workers 1` (in a folder holding good.yaml and
+"""Runs `recflow launch good.yaml --ps 2 --workers 2` (in a folder holding good.yaml and
 its data) up to where the tasks would start; prints whether TensorFlow was imported by
-then. The cluster's `run` is replaced: starting real tasks is tests/test_ps_cluster.py's."""
+then, and the order the cluster starts its tasks in. The cluster's `run` and `start`
+are replaced: starting real tasks is tests/test_ps_cluster.py's."""
 
 import sys
 
@@ -9,9 +10,12 @@ from recflow.distribute import launcher
 
 
 def run(cluster) -> int:
-    print("tensorflow" in sys.modules, [task.job for task in cluster.tasks])
+    started = []
+    cluster.start = started.append
+    cluster._start_all()
+    print("tensorflow" in sys.modules, [task.name for task in started])
     sys.exit(0)
 
 
 launcher.Cluster.run = run
-main(["launch", "good.yaml", "--ps", "1", "--workers", "1"])
+main(["launch", "good.yaml", "--ps", "2", "--workers", "2"])
