@@ -1,6 +1,6 @@
-"""Imports TensorFlow the way the CLI does (`recflow.cli.import_tensorflow`); prints which
-of the modules it keeps out were loaded, as JSON, and then imports them to show that
-they still load on demand."""
+"""Imports TensorFlow the way the CLI does (`recflow.cli.import_tensorflow`) and prints, as
+JSON, which of the modules it keeps out were loaded; then that pandas still imports on
+demand and that `tf.lite` (which imports `distutils.spawn`) is there."""
 
 import json
 import sys
