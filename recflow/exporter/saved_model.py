@@ -32,7 +32,7 @@ import yaml
 from recflow.atomic import staged_dir, write_json
 from recflow.config.convert import to_dict
 from recflow.embedding.table import STOCK_LOAD, empty_buckets, segment_buckets
-from recflow.features.keys import DELETED_KEY, EMPTY_KEY, raw_keys
+from recflow.features.keys import DELETED_KEY, EMPTY_KEY, raw_keys, slot_column
 from recflow.features.transform import serving_dtype
 from recflow.models import identity
 from recflow.models.base import RankingModel, RetrievalModel
@@ -194,8 +194,7 @@ class ServingModule(tf.Module):
 def _served_keys(ids: list[tf.Tensor], slots: list[int]) -> tf.Tensor:
     """The keys [n, 2] in a serving table, (slot, raw id), of the raw ids `ids[i]` [n_i]
     of logical table `slots[i]`, concatenated."""
-    sizes = tf.stack([tf.size(i, out_type=tf.int64) for i in ids])
-    return tf.stack([tf.repeat(tf.constant(slots, tf.int64), sizes), tf.concat(ids, 0)], axis=1)
+    return tf.stack([slot_column(ids, slots), tf.concat(ids, 0)], axis=1)
 
 
 # The per-table inputs of `apply_delta`: (name, rank, dtype).
