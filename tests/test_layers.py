@@ -55,6 +55,19 @@ def test_fm_matches_formula_and_pairwise_sum(fields, dim):
     np.testing.assert_allclose(out, pairwise, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fields,dim", [(1, 3), (3, 4), (7, 5)])
+def test_fm_gradient_is_the_pairwise_sums_derivative(fields, dim):
+    # d/dv_f of sum_{i<j} <v_i, v_j> is the sum of the other fields, times the upstream.
+    v, upstream = randn(4, fields, dim), randn(4, 1, seed=1)
+    x = tf.constant(v)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        out = FM()(x)
+    grad = tape.gradient(out, x, output_gradients=tf.constant(upstream)).numpy()
+    others = np.stack([v.sum(1) - v[:, f] for f in range(fields)], axis=1)
+    np.testing.assert_allclose(grad, upstream[:, :, None] * others, rtol=1e-5, atol=1e-5)
+
+
 def test_fm_rejects_2d_input():
     with pytest.raises(ValueError, match="3D"):
         FM()(tf.ones([2, 3]))

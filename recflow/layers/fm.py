@@ -38,6 +38,20 @@ class FM(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, inputs):
-        square_of_sum = tf.square(tf.reduce_sum(inputs, axis=1))
-        sum_of_square = tf.reduce_sum(tf.square(inputs), axis=1)
-        return 0.5 * tf.reduce_sum(square_of_sum - sum_of_square, axis=1, keepdims=True)
+        return _interaction(inputs)
+
+
+@tf.custom_gradient
+def _interaction(v):
+    """`0.5 * sum_d((sum_f v)^2 - sum_f v^2)` [B, 1] of `v` [B, F, D], and its gradient
+    `g * (sum_f v - v)` written out: two ops over `v`'s shape, where differentiating the
+    forward ops builds about ten (broadcasts of the sums, the squares' products and their
+    sum), 4-5 of a DeepFM step's 56 CPU ms on the bench's batch of 4,096 rows x 26 fields."""
+    total = tf.reduce_sum(v, axis=1)
+    sum_of_square = tf.reduce_sum(tf.square(v), axis=1)
+    out = 0.5 * tf.reduce_sum(tf.square(total) - sum_of_square, axis=1, keepdims=True)
+
+    def grad(upstream):
+        return upstream[:, :, None] * (total[:, None, :] - v)
+
+    return out, grad
