@@ -30,7 +30,11 @@ again, keeping every row
 inserts fill, so about 10%-17% of room for new keys), by the streaming rebuild.
 Its buckets/keys thus stays between ~1/MAX_LOAD (1.11x) and `GROWTH_RATIO`
 (1.3x) plus one step's inserts, at the cost of moving each key ~6-9 more times as
-the table grows (each re-layout moves the shard's keys once). The kernel's own
+the table grows (each re-layout moves the shard's keys once). A small shard, one
+that a growth layout of `SMALL_GROWTH_RATIO` (2x) keeps under `SMALL_SHARD_BYTES`
+(64 MiB), grows 2x instead: there a layout's cost is mostly its fixed cost (about
+35 ms locally for the two tables of the bench's DeepFM, from 18,000 keys to 60,000),
+and a table that fills in its first epoch was laid out 9 times there at 1.3x. The kernel's own
 doubling remains the safety valve when a step inserts more than the last ones
 did; the next check then lays an over-provisioned shard out again.
 
@@ -90,6 +94,8 @@ MAX_LOAD = 0.9  # a segment's `max_load_factor`: it doubles when an insert would
 STOCK_LOAD = 0.8  # the `max_load_factor` of a `DenseHashTable` made by its own class (serving)
 MIN_LOAD = 0.5  # a shard whose load fell below this is resized at the next rebuild
 GROWTH_RATIO = 1.3  # a growth layout holds at most this many buckets per key (and step key)
+SMALL_GROWTH_RATIO = 2.0  # ... or this many, while that keeps the shard under SMALL_SHARD_BYTES
+SMALL_SHARD_BYTES = 64 << 20
 ROUTE_SHIFT, ROUTES = 47, 1 << 16  # a key's route: bits 47..62 of its mixed id, in [0, ROUTES)
 
 
@@ -135,16 +141,26 @@ def segment_buckets(
     return _split_total(-(-need // unit) * unit, segments)
 
 
-def grow_buckets(keys: int, step: int, segments: int = SEGMENTS) -> list[int]:
+def grow_buckets(keys: int, step: int, bucket_bytes: int, segments: int = SEGMENTS) -> list[int]:
     """Segment bucket counts a growth layout gives a shard of `keys` keys whose steps insert
     up to `step` keys: the largest sum <= `GROWTH_RATIO` x (keys + step) with at most
     `segments - 1` bits set, but never less than `segment_buckets` with room for 1/16
-    more keys (so a layout is not redone a few steps later)."""
+    more keys (so a layout is not redone a few steps later). `SMALL_GROWTH_RATIO` instead
+    while that many buckets of `bucket_bytes` (key and value) stay under `SMALL_SHARD_BYTES`."""
     least = segment_buckets(keys, step + keys // 16, segments)
-    total = int(GROWTH_RATIO * (keys + step))
+    ratio = growth_ratio(keys + step, bucket_bytes)
+    total = int(ratio * (keys + step))
     top = max(total.bit_length() - max(segments - 1, 1), MIN_BUCKETS.bit_length() - 1)
     total = total >> top << top  # its `segments - 1` highest bits
     return least if total <= sum(least) else _split_total(total, segments)
+
+
+def growth_ratio(keys: int, bucket_bytes: int) -> float:
+    """Buckets per key a growth layout may give `keys` keys (and a step's) whose buckets
+    take `bucket_bytes` each: `SMALL_GROWTH_RATIO` while that stays under
+    `SMALL_SHARD_BYTES`, else `GROWTH_RATIO`."""
+    small = SMALL_GROWTH_RATIO * keys * bucket_bytes <= SMALL_SHARD_BYTES
+    return SMALL_GROWTH_RATIO if small else GROWTH_RATIO
 
 
 def _slack(keys: int, segments: int) -> float:
@@ -419,6 +435,8 @@ class ShardedTable(tf.Module):
         self.placement = placement
         self.value_dtype = dtype
         self.segments = segments
+        # A bucket's bytes: its key and its value.
+        self.bucket_bytes = KEY_WIDTH * 8 + (width or 1) * tf.as_dtype(dtype).size
         self._default = default = tf.zeros([width] if width else [], dtype)
         if expected_keys:
             used = segment_buckets(expected_keys, headroom, segments)
@@ -668,7 +686,7 @@ class ShardedTable(tf.Module):
             # What one insert of `step` keys may bring each segment: its share and 4 sigma.
             inserts = shares * step + 4 * np.sqrt(shares * step)
             full = np.any(held + inserts > MAX_LOAD * buckets)
-            used = grow_buckets(keys, step, self.segments)
+            used = grow_buckets(keys, step, self.bucket_bytes, self.segments)
             laid_out = sum(segment_layout(used, self.segments)[0])  # the segments out of use too
             if full or buckets.sum() > max(laid_out, self._initial):
                 self.relayout(i, used)
