@@ -8,7 +8,7 @@ from recflow.embedding.optimizers import make_optimizer
 from recflow.embedding.plan import plan_tables
 from recflow.embedding.planner import PhysicalTable
 from recflow.embedding.rows import KEY_BYTES, RowLayout
-from recflow.embedding.table import GROWTH_RATIO, MAX_LOAD
+from recflow.embedding.table import GROWTH_RATIO, MAX_LOAD, SMALL_GROWTH_RATIO, SMALL_SHARD_BYTES
 
 
 def layout_of(table: PhysicalTable) -> RowLayout:
@@ -47,7 +47,8 @@ def format_plan(
         f"placement: shard = (mixed id >> 32) mod {num_shards}; shard i on PS task i "
         f"(~{keys_per_table // num_shards:,} keys of each logical table per shard)",
         f"memory at {keys_per_table:,} keys per logical table: {total / 2**20:,.1f} MiB of rows "
-        f"(hash buckets add {1 / MAX_LOAD:.2f}x-{GROWTH_RATIO:.2f}x, and room for one step's keys)",
+        f"(hash buckets add {1 / MAX_LOAD:.2f}x-{GROWTH_RATIO:.2f}x, up to {SMALL_GROWTH_RATIO:.0f}x "
+        f"in a shard under {SMALL_SHARD_BYTES >> 20} MiB, and room for one step's keys)",
     ]
     return "\n".join(lines)
 
