@@ -66,6 +66,22 @@ def test_evaluator_matches_numpy_and_traces_once(tmp_path):
     assert first["logloss"] == pytest.approx(logloss, abs=2e-6)
 
 
+def test_predict_is_traced_beside_the_first_step_and_a_failed_trace_is_redone(tmp_path):
+    trainer = Trainer(small_config(tmp_path, "train.evaluate=true"), verbose=0)
+    trainer.fit()
+    evaluator = trainer.evaluator()
+    evaluator._tracing.join()  # `prepare`'s thread, started before the first step's call
+    prepared = evaluator._predict
+    assert prepared is not None and prepared.experimental_get_tracing_count() == 1
+    first = trainer.evaluate()
+    assert evaluator._predict is prepared and prepared.experimental_get_tracing_count() == 1
+    # A trace that fails in the thread (here: batches without the model's features) leaves
+    # nothing behind; the evaluation traces for its own batches.
+    evaluator.prepare(({}, None, None))
+    assert trainer.evaluate() == first
+    assert evaluator._predict is not prepared
+
+
 def load_scores(export_dir, raw):
     serve = tf.saved_model.load(str(export_dir)).signatures["serving_default"]
     return serve(**raw)["probability"].numpy().reshape(-1)

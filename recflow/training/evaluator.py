@@ -9,6 +9,7 @@ pipeline in parallel with the model.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -40,6 +41,7 @@ class Evaluator:
         self.config = dataclasses.replace(config, data=data)
         self._transformed = transformed or (lambda ds: _transform(self.config, ds))
         self._predict = None  # the compiled predict function, built on the first pass
+        self._tracing: threading.Thread | None = None  # `prepare`'s
 
     @property
     def split(self) -> str:
@@ -47,19 +49,42 @@ class Evaluator:
         return "eval" if (data.eval or data.format == "synthetic") else "train"
 
     def _predict_fn(self, spec, fn):
-        if self._predict is None:
+        if self._predict is None or self._predict.input_signature[0] != spec:
             self._predict = tf.function(fn, input_signature=[spec], autograph=False)
         return self._predict
 
+    def _ranking(self, features):
+        return self.model(features, training=False)
+
+    def prepare(self, spec) -> None:
+        """Traces the predict function for batches of `spec` (transformed batches, as the
+        training step takes) in a thread, ahead of the first `evaluate`: started while the
+        training step's first call builds its kernels without the GIL, the trace overlaps
+        it (the bench's 1-epoch job: evaluation 1.44-1.46 -> 1.17-1.19 s, training
+        0.1-0.2 s longer). A trace that fails, or batches of another spec, are traced
+        again by `evaluate`, where an error is raised."""
+        if isinstance(self.model, RetrievalModel):  # it predicts from raw columns
+            return
+
+        def trace():
+            try:
+                self._predict_fn(spec[0], self._ranking).get_concrete_function()
+            except Exception:  # noqa: BLE001 - `evaluate` traces again and raises it there
+                self._predict = None
+
+        self._tracing = threading.Thread(target=trace, name="recflow-eval-trace", daemon=True)
+        self._tracing.start()
+
     def evaluate(self) -> dict:
         """Exact metrics over the split; `eval_split`, `eval_examples`, `eval_bad_records`."""
+        if self._tracing is not None:
+            self._tracing.join()
+            self._tracing = None
         if isinstance(self.model, RetrievalModel):
             return self._evaluate_retrieval()
         config, model, split = self.config, self.model, self.split
         dataset = self._transformed(data_lib.make_dataset(config, split, epochs=1, shuffle=False))
-        predict = self._predict_fn(
-            dataset.element_spec[0], lambda f: model(f, training=False)
-        )
+        predict = self._predict_fn(dataset.element_spec[0], self._ranking)
         group_by = config.task.group_by
         labels = {h.label: [] for h in model.heads}
         preds = {h.output: [] for h in model.heads}

@@ -202,7 +202,12 @@ class Trainer:
             if resumed is None and self.model_dir.saved_value("epoch") is not None:
                 resumed = input_cache.FROM_FILES.encode()  # written before the cache existed
             resumed = None if resumed is None else resumed.decode()
-            return LocalRunner(self.config, self.model, self.epoch_dataset, files, cache, resumed)
+            # The evaluation at the end (`run`) traces its predict function while the first
+            # step's kernels are built.
+            prepare = self.evaluator().prepare if self.config.train.evaluate else None
+            return LocalRunner(
+                self.config, self.model, self.epoch_dataset, files, cache, resumed, prepare
+            )
         with self._scope():
             return self._make_runner(self.config, self.model, self.transformed)
 
@@ -402,13 +407,17 @@ class Trainer:
 
     # ------------------------------------------------------------------ evaluate
 
+    def evaluator(self) -> Evaluator:
+        """This trainer's `Evaluator` (one per trainer: its predict function traces once)."""
+        if self._evaluator is None:
+            self._evaluator = Evaluator(self.config, self.model, self.transformed)
+        return self._evaluator
+
     def evaluate(self) -> dict:
         """Exact metrics over the eval split (the train split when there is none), also
         written to TensorBoard; see `recflow.training.evaluator.Evaluator`."""
-        if self._evaluator is None:
-            self._evaluator = Evaluator(self.config, self.model, self.transformed)
         with self.timing.phase("eval"):
-            result = self._evaluator.evaluate()
+            result = self.evaluator().evaluate()
         write_evaluation(self.model_dir.logs_dir, int(self.model.global_step), result)
         return result
 
