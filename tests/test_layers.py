@@ -55,17 +55,28 @@ def test_fm_matches_formula_and_pairwise_sum(fields, dim):
     np.testing.assert_allclose(out, pairwise, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("fields,dim", [(1, 3), (3, 4), (7, 5)])
-def test_fm_gradient_is_the_pairwise_sums_derivative(fields, dim):
+def test_fm_gradient_is_the_pairwise_sums_derivative(fields, dim, training):
     # d/dv_f of sum_{i<j} <v_i, v_j> is the sum of the other fields, times the upstream.
     v, upstream = randn(4, fields, dim), randn(4, 1, seed=1)
     x = tf.constant(v)
     with tf.GradientTape() as tape:
         tape.watch(x)
-        out = FM()(x)
+        out = FM()(x, training=training)
     grad = tape.gradient(out, x, output_gradients=tf.constant(upstream)).numpy()
     others = np.stack([v.sum(1) - v[:, f] for f in range(fields)], axis=1)
     np.testing.assert_allclose(grad, upstream[:, :, None] * others, rtol=1e-5, atol=1e-5)
+
+
+def test_fm_custom_gradient_stays_out_of_inference_graphs():
+    # A SavedModel holding a custom gradient warns on load that it was not saved.
+    def custom_gradient_ops(training):
+        fn = tf.function(lambda v: FM()(v, training=training))
+        graph = fn.get_concrete_function(tf.TensorSpec([None, 3, 4])).graph
+        return [op for op in graph.get_operations() if "_gradient_op_type" in op.node_def.attr]
+
+    assert custom_gradient_ops(True) and not custom_gradient_ops(False)
 
 
 def test_fm_rejects_2d_input():

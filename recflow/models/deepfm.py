@@ -49,11 +49,11 @@ class DeepFM(RankingModel):
                 # One dim: the FM's [B, fields, dim] stack, flattened, is the DNN's field
                 # input (the same values in the same order as their concat), built once.
                 stacked = tf.stack(fields, axis=1)
-                logit += self.fm(stacked)
+                logit += self.fm(stacked, training=training)
                 fields = [tf.reshape(stacked, [-1, stacked.shape[1] * stacked.shape[2]])]
             else:
                 for group in by_dim.values():
                     if len(group) > 1:
-                        logit += self.fm(tf.stack(group, axis=1))
+                        logit += self.fm(tf.stack(group, axis=1), training=training)
         deep_in = tf.concat(fields + ([numeric] if numeric is not None else []), axis=1)
         return logit + self.dnn(deep_in, training=training)
