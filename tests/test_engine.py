@@ -193,6 +193,23 @@ def test_table_holds_exactly_the_distinct_keys(fusion):
     assert len(model.embedding.physical_tables) == (1 if fusion else 3)
 
 
+def test_a_first_order_companion_shares_its_tables_unique():
+    # DeepFM's dim-1 weights read the same features under the same slots as the
+    # embeddings (two physical tables when fused): one unique of the batch's keys for both.
+    tables = {"u": {"dim": 4}, "i": {"dim": 4}}
+    config = make_config(tables=tables, features=demo_features(), model="deepfm")
+    model, step = make_model(config)
+    data = batch(config, RAW, [1, 0, 1, 0])
+    graph = step.get_concrete_function(data).graph.as_graph_def()
+    nodes = list(graph.node) + [n for f in graph.library.function for n in f.node_def]
+    assert len(model.embedding.physical_tables) == 2
+    assert sum(n.op == "UniqueWithCounts" for n in nodes) == 1
+    step(data)
+    expected = distinct_ids()
+    held = ids_per_logical(model)
+    assert held == {**expected, **{f"{t}.linear": ids for t, ids in expected.items()}}
+
+
 def test_admission_counts_before_creating_rows():
     tables = {"u": {"dim": 4}, "i": {"dim": 4, "admission": {"min_count": 2}}}
     config = make_config(tables=tables, features=demo_features())

@@ -371,8 +371,7 @@ class EmbeddingEngine(tf.Module):
         Used for evaluation, prediction and serving (no updates).
         """
         out = {}
-        for i, table in enumerate(self.physical_tables):
-            keys, index, _ = self._unique_keys(table, ids)
+        for i, (table, (keys, index, _)) in enumerate(zip(self.physical_tables, self.batch_keys(ids))):
             out.update(self._assemble(table, read(i, keys), index, ids))
         return out
 
@@ -388,11 +387,16 @@ class EmbeddingEngine(tf.Module):
     # ------------------------------------------------------------------ training step
 
     def batch_keys(self, ids: dict) -> list[BatchKeys]:
-        """A batch's unique keys per physical table, with their counts (on this device)."""
-        out = []
+        """A batch's unique keys per physical table, with their counts (on this device).
+
+        Tables read by the same features under the same slots have the same keys (a
+        table's first-order companion: `<feature>/linear`): they share one unique."""
+        out, found = [], {}
         for table in self.physical_tables:
-            keys, index, counts = self._unique_keys(table, ids)
-            out.append(BatchKeys(keys, index, counts))
+            uses = tuple((use.feature.name, use.slot) for use in table.uses)
+            if uses not in found:
+                found[uses] = BatchKeys(*self._unique_keys(table, ids))
+            out.append(found[uses])
         return out
 
     def empty_batch_keys(self) -> list[BatchKeys]:
