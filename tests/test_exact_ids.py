@@ -18,7 +18,7 @@ from recflow.data.writer import write_columns
 from recflow.embedding.engine import EmbeddingEngine
 from recflow.embedding.placement import ModPlacement
 from recflow.embedding.table import ShardedTable
-from recflow.features.keys import encode, unique_with_counts
+from recflow.features.keys import encode, slot_column, unique_ids, unique_with_counts
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 GOLDEN = 0x9E3779B97F4A7C15
@@ -110,6 +110,23 @@ def test_distinct_pairs_get_distinct_rows(shards, shared, own, partner):
     check_rows(engine, sightings)
     step(engine, batch, 2)  # the second sighting finds each row again
     check_rows(engine, {k: {i: 2 * c for i, c in v.items()} for k, v in sightings.items()})
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(-(2**63), 2**63 - 1), max_size=6), min_size=2, max_size=5))
+def test_several_slots_unique_as_their_keys_concatenated(parts):
+    # Each id read through its own logical table's slot (empty parts included): the slot
+    # column is numpy's repeat of the slots by the part sizes, and the distinct keys and
+    # each id's position in them are those of the keys encoded one by one.
+    slots = list(range(3, 3 + len(parts)))
+    tensors = [tf.constant(p, tf.int64, shape=[len(p)]) for p in parts]
+    column = slot_column(tensors, slots).numpy()
+    np.testing.assert_array_equal(column, np.repeat(slots, [len(p) for p in parts]))
+    keys, index, counts = (t.numpy() for t in unique_ids(tensors, slots))
+    encoded = tf.concat([encode(t, s) for t, s in zip(tensors, slots)], 0).numpy()
+    np.testing.assert_array_equal(keys[index], encoded)
+    assert len({tuple(k) for k in keys}) == len(keys) == len({tuple(k) for k in encoded})
+    assert counts.sum() == len(encoded)
 
 
 def test_unique_over_colliding_mixed_ids_is_exact():

@@ -129,9 +129,9 @@ def slot_column(parts: list[tf.Tensor], slots: list[int]) -> tf.Tensor:
     Each id takes the slot of the first part that ends after it: a handful of ops, where
     `tf.repeat` of the slots by the part sizes builds about 50 (each traced function that
     reads several logical tables had a few of them)."""
-    ends = tf.cumsum(tf.stack([tf.size(p) for p in parts]))
+    ends = tf.cumsum(tf.stack([tf.size(p, out_type=tf.int64) for p in parts]))
     part = tf.raw_ops.UpperBound(
-        sorted_inputs=ends[None], values=tf.range(ends[-1])[None], out_type=tf.int32
+        sorted_inputs=ends[None], values=tf.range(ends[-1])[None], out_type=tf.int64
     )
     return tf.gather(tf.constant(slots, tf.int64), tf.reshape(part, [-1]))
 
