@@ -24,7 +24,7 @@ from recflow.embedding.optimizers import SparseOptimizer, make_optimizer
 from recflow.embedding.placement import ModPlacement, Placement
 from recflow.embedding.plan import plan_tables
 from recflow.embedding.planner import LINEAR_SUFFIX, PhysicalTable
-from recflow.embedding.rows import KEY_BYTES, RowLayout
+from recflow.embedding.rows import RowLayout
 from recflow.embedding.staging import Staging
 from recflow.embedding.table import ShardedTable, ShardHandles, Watches, id_counts, masked
 from recflow.errors import RecflowError
@@ -730,7 +730,7 @@ class EmbeddingEngine(tf.Module):
             counts = [table.counts(shard) for shard in range(table.rows.num_shards)]
             per_shard = np.stack([held for held, _ in counts], axis=1)  # [logical, shards]
             waiting = sum(w for _, w in counts)
-            row_bytes = KEY_BYTES + 4 * table.layout.width
+            row_bytes = table.rows.bucket_bytes
             for slot, logical in enumerate(table.spec.logical):
                 keys = int(per_shard[slot].sum())
                 stats[logical.name] = {

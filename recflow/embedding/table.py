@@ -85,6 +85,7 @@ from tensorflow.core.protobuf import config_pb2
 from tensorflow.python.eager import context
 
 from recflow.embedding.placement import Placement, variables_on
+from recflow.embedding.rows import KEY_BYTES
 from recflow.features.keys import DELETED_KEY, EMPTY_KEY, KEY_WIDTH, mixed
 
 SEGMENTS = 6
@@ -436,7 +437,7 @@ class ShardedTable(tf.Module):
         self.value_dtype = dtype
         self.segments = segments
         # A bucket's bytes: its key and its value.
-        self.bucket_bytes = KEY_WIDTH * 8 + (width or 1) * tf.as_dtype(dtype).size
+        self.bucket_bytes = KEY_BYTES + (width or 1) * tf.as_dtype(dtype).size
         self._default = default = tf.zeros([width] if width else [], dtype)
         if expected_keys:
             used = segment_buckets(expected_keys, headroom, segments)
