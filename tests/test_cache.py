@@ -147,6 +147,29 @@ def test_three_epochs_from_the_cache_train_the_tables_and_metrics_of_parsing_aga
     assert not os.path.exists(tmp_path / "cached" / "cache")  # its files and the emptied dir
 
 
+def test_the_next_epochs_input_is_made_while_an_epoch_trains_and_reads_its_batches(tmp_path):
+    """The runner makes epoch e + 1's iterator in a thread when epoch e starts; the next
+    `start_epoch` hands out that very iterator, which reads the batches of the epoch."""
+    files = write_files(tmp_path)
+    trainer = Trainer(make_config(tmp_path, files), verbose=0)
+    trainer.model_dir.prepare()
+    runner = trainer.make_runner()
+    runner.start_epoch(0)
+    epoch, cached, made = runner._next
+    assert (epoch, cached) == (1, True)
+    iterator = runner.start_epoch(1)["iterator"]
+    assert iterator is made.result()
+    assert_same_batches(iterator, trainer.epoch_dataset(1, cache=runner.cache))
+    runner.start_epoch(2)
+    assert runner._next is None  # the run's last epoch: nothing after it
+    # A run that `train.steps` ends may stop inside any epoch: nothing is made ahead.
+    stepped = Trainer(make_config(tmp_path, files, model_dir="stepped", steps=25), verbose=0)
+    stepped.model_dir.prepare()
+    runner = stepped.make_runner()
+    runner.start_epoch(0)
+    assert runner._next is None
+
+
 def damage_truncate(path):
     file = sorted(glob.glob(os.path.join(path, "*.npy")))[0]
     with open(file, "r+b") as f:
