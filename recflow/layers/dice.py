@@ -39,8 +39,9 @@ class Dice(keras.layers.Layer):
             raise ValueError(f"`epsilon` must be a positive float. Received: epsilon={epsilon!r}")
         self.epsilon = float(epsilon)
         self.batch_norm = keras.layers.BatchNormalization(
-            axis=-1, epsilon=self.epsilon, center=False, scale=False, name="batch_norm"
-        )
+            axis=-1, epsilon=self.epsilon, center=False, scale=False, name="batch_norm",
+            dtype=self.dtype_policy,
+        )  # fmt: skip
 
     def build(self, input_shape):
         input_shape = tf.TensorShape(input_shape)
