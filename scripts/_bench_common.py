@@ -91,11 +91,13 @@ def deepfm_config(
     fusion: bool = True,
     model_dir: str = "runs/bench",
     csv: tuple[str, str] | None = None,
+    dnn_dtype: str = "float32",
 ) -> list[str]:
     """`--set` overrides of configs/criteo_bench.yaml for a benchmark run.
 
     With `csv` = (train file, eval file) the run reads those CSV files (see
-    `write_csv`) instead of generating the synthetic rows in memory.
+    `write_csv`) instead of generating the synthetic rows in memory. `dnn_dtype`:
+    the DNN's `dtype` ("mixed_bfloat16": its hidden layers compute in bfloat16).
     """
     units = "[" + ", ".join(str(u) for u in hidden) + "]"
     if csv is None:
@@ -110,7 +112,7 @@ def deepfm_config(
         f"train.epochs={epochs}",
         f"train.optimizer={{type: adam, learning_rate: {lr}}}",
         f"train.sparse_optimizer={{type: adam, learning_rate: {lr}}}",
-        f"model.params={{dnn: {{hidden_units: {units}, dropout: 0.0}}}}",
+        f"model.params={{dnn: {{hidden_units: {units}, dropout: 0.0, dtype: {dnn_dtype}}}}}",
         f"embedding.fusion={'true' if fusion else 'false'}",
         f"train.model_dir={model_dir}",
     ]

@@ -29,8 +29,9 @@ system again, interleaved, and keeps each system's best (shortest) process.
 Columns: `job s` the whole process; `job cpu s` its CPU seconds (user + system, all
 threads: on a shared machine they move much less than the wall time); `job ex/s` trained examples / job s; `train ex/s`
 the training loop's own rate (recflow: metrics.json examples_per_sec, trace and input
-included; DeepCTR: fit); `steady ex/s` recflow's rate over epochs 2.. (metrics.json
-`timing.steady_examples_per_sec`, needs --epochs >= 2); then recflow's phase seconds
+included; DeepCTR: fit); `steady ex/s` the rate over epochs 2.. (recflow: metrics.json
+`timing.steady_examples_per_sec`; DeepCTR: between its first and last epoch's end in fit;
+needs --epochs >= 2: the JSON's `steady_fused_vs_deepctr` compares them); then recflow's phase seconds
 (metrics.json `timing`: startup = process start -> training begins, trace, train, eval,
 export) and their CPU seconds (`... cpu`). Targets (PASS / FAIL): fused job >= 1.5x faster than DeepCTR's over 1 epoch and
 >= 1.8x over 3 (other epoch counts: 1.5x), fused steady state >= 60k examples/s (epochs
@@ -43,6 +44,7 @@ then the JSON last line.
 Usage:
     python scripts/bench_train.py                         # 1 and 3 epochs, best of 2
     python scripts/bench_train.py --epochs 3              # 3 epochs only
+    python scripts/bench_train.py --bf16                  # both DNNs in bfloat16 (AMX CPUs)
     python scripts/bench_train.py --only recflow_fused,recflow_parse,deepctr --repeats 1
     python scripts/bench_train.py --rows 40000 --eval-rows 8000 --repeats 1
 
@@ -87,6 +89,11 @@ def parse_args(argv=None):
     )
     p.add_argument("--seed", type=int, default=7, help="data seed (default 7)")
     p.add_argument(
+        "--bf16", action="store_true",
+        help="every DNN computes in bfloat16: recflow's `dnn.dtype: mixed_bfloat16`, DeepCTR's "
+        "Keras policy `mixed_bfloat16` (on CPUs with AMX or AVX512-BF16; not with tfra)",
+    )  # fmt: skip
+    p.add_argument(
         "--only", default=",".join(DEFAULT_SYSTEMS),
         help=f"comma-separated subset of {','.join(SYSTEMS)} (default: {','.join(DEFAULT_SYSTEMS)})",
     )  # fmt: skip
@@ -119,6 +126,8 @@ def parse_args(argv=None):
         args.epoch_counts = [int(e) for e in args.epochs.split(",") if e.strip()]
     except ValueError:
         p.error(f"--epochs: expected comma-separated integers, got {args.epochs!r}")
+    if args.bf16 and "tfra" in args.systems:
+        p.error("--bf16: the TFRA job has no bfloat16 form here; leave tfra out")
     if args.repeats < 1 or not args.epoch_counts or min(args.epoch_counts) < 1:
         p.error("--repeats and --epochs must be >= 1")
     args.hidden_units = [int(u) for u in args.hidden.split(",") if u]
@@ -133,7 +142,7 @@ def recflow_command(args, system: str, epochs: int, paths: tuple[str, str], mode
     overrides = common.deepfm_config(
         args.rows, args.eval_rows, seed=args.seed, batch_size=args.batch_size, epochs=epochs,
         dim=args.dim, hidden=args.hidden_units, lr=args.lr, fusion=system != "recflow_unfused",
-        model_dir=model_dir, csv=paths,
+        model_dir=model_dir, csv=paths, dnn_dtype="mixed_bfloat16" if args.bf16 else "float32",
     )  # fmt: skip
     if system == "recflow_parse":
         overrides.append("data.cache=off")
@@ -207,7 +216,8 @@ def run_deepctr(args, epochs: int, paths) -> dict:
     wall, cpu, r = timed_record(command, args.timeout, "deepctr_job", "deepctr job")
     return {
         "job_seconds": wall, "job_cpu_seconds": cpu, "auc": r["auc"],
-        "train_examples_per_sec": r["fit_examples_per_sec"], "steady_examples_per_sec": None,
+        "train_examples_per_sec": r["fit_examples_per_sec"],
+        "steady_examples_per_sec": r["steady_examples_per_sec"],
         "timing": {}, "cpu": {},
     }  # fmt: skip
 
@@ -226,6 +236,8 @@ def deepctr_job(args) -> int:
 
     train_csv, eval_csv, epochs = args.deepctr_job
     epochs = int(epochs)
+    if args.bf16:  # how a DeepCTR user computes in bfloat16: Keras's global policy
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
     strings = {c: str for c in common.C_COLUMNS}
     train = pd.read_csv(train_csv, dtype=strings, keep_default_na=False)
     evaluation = pd.read_csv(eval_csv, dtype=strings, keep_default_na=False)
@@ -246,13 +258,16 @@ def deepctr_job(args) -> int:
     )  # fmt: skip
     model.compile(keras.optimizers.Adam(learning_rate=args.lr), "binary_crossentropy")
     y = train[common.LABEL].to_numpy(np.float32)
+    ends = []  # when each epoch ended: the rate of epochs 2.. is the peer's steady rate
+    record = keras.callbacks.LambdaCallback(on_epoch_end=lambda epoch, logs: ends.append(time.perf_counter()))
     began = time.perf_counter()
-    model.fit(x_train, y, batch_size=args.batch_size, epochs=epochs, verbose=0, shuffle=True)
+    model.fit(x_train, y, batch_size=args.batch_size, epochs=epochs, verbose=0, shuffle=True, callbacks=[record])
     fit_seconds = time.perf_counter() - began
     scores = model.predict(x_eval, batch_size=args.batch_size, verbose=0).reshape(-1)
     common.emit_json(
         "deepctr_job", auc=auc(evaluation[common.LABEL].to_numpy(np.float32), scores),
         fit_examples_per_sec=n * epochs / fit_seconds,
+        steady_examples_per_sec=n * (epochs - 1) / (ends[-1] - ends[0]) if epochs > 1 else None,
     )  # fmt: skip
     return 0
 
@@ -275,7 +290,8 @@ def run_tfra(args, epochs: int, train, evaluation, work: str) -> dict:
     wall, cpu, r = timed_record(command, args.timeout, "tfra_deepfm", "tfra_deepfm.py")
     return {
         "job_seconds": wall, "job_cpu_seconds": cpu, "cpu": {}, "auc": auc(evaluation[common.LABEL], np.load(paths[2])),
-        "train_examples_per_sec": r["fit_examples_per_sec"], "steady_examples_per_sec": None,
+        "train_examples_per_sec": r["fit_examples_per_sec"],
+        "steady_examples_per_sec": r["steady_examples_per_sec"],
         "timing": {}, "versions": f"tensorflow {r['tensorflow']}, tfra {r['tfra']}",
     }  # fmt: skip
 
@@ -369,6 +385,8 @@ def targets(runs: dict) -> tuple[dict, dict]:
         for other in ("recflow_unfused", "recflow_parse"):
             if fused and other in results:
                 mine[f"fused_vs_{other.split('_')[1]}"] = results[other]["job_seconds"] / fused["job_seconds"]
+        if fused and deepctr and fused["steady_examples_per_sec"] and deepctr["steady_examples_per_sec"]:
+            mine["steady_fused_vs_deepctr"] = fused["steady_examples_per_sec"] / deepctr["steady_examples_per_sec"]
         if fused and fused["steady_examples_per_sec"]:
             steady = fused["steady_examples_per_sec"]
             checks[f"fused_steady_examples_per_sec_{epochs}ep"] = {
@@ -434,7 +452,8 @@ def bench(args, work: str) -> int:
 
     title = (
         f"DeepFM, {args.rows} CSV rows x {args.epochs} epoch(s) + {args.eval_rows} eval rows, "
-        f"batch {args.batch_size}, dim {args.dim}, hidden {args.hidden_units}, Adam lr {args.lr}, "
+        f"batch {args.batch_size}, dim {args.dim}, hidden {args.hidden_units}"
+        f"{' (bfloat16)' if args.bf16 else ''}, Adam lr {args.lr}, "
         f"best of {args.repeats}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, oracle auc {oracle:.4f}"
     )
     headers, rows = table_rows(args, runs, unavailable)
@@ -456,7 +475,8 @@ def bench(args, work: str) -> int:
         print(f"wrote {args.chart}")
     common.emit_json(
         "train", rows=args.rows, eval_rows=args.eval_rows, batch_size=args.batch_size,
-        epochs=args.epoch_counts, dim=args.dim, hidden=args.hidden_units, lr=args.lr, oracle_auc=oracle,
+        epochs=args.epoch_counts, dim=args.dim, hidden=args.hidden_units, bf16=args.bf16, lr=args.lr,
+        oracle_auc=oracle,
         repeats=args.repeats, load=os.getloadavg()[0], unavailable=unavailable,
         runs={str(e): dict(systems=runs[e], **ratios.get(e, {})) for e in runs},
         passed={k: c["pass"] for k, c in checks.items()},
