@@ -14,6 +14,7 @@ from test_end_to_end import SERVE_WITHOUT_RECFLOW, feed, raw_rows
 
 import recflow.api
 from recflow.config import load_config
+from recflow.errors import RecflowError
 from recflow.layers import DNN
 from recflow.training.trainer import Trainer
 
@@ -92,3 +93,18 @@ def test_deepfm_trains_with_a_bfloat16_dnn_and_its_export_serves_without_recflow
     # bias and ReLU) rounds at other points than the eager pass: ~0.2% apart here.
     np.testing.assert_allclose(served, in_process, rtol=1e-2, atol=1e-3)
     assert np.std(served) > 0.01  # scores of the rows, not a constant
+
+
+def test_a_model_dir_resumes_in_the_other_dtype_and_other_params_still_count(tmp_path):
+    """Its weights are float32 either way: the dtype is no part of the model's identity."""
+    model_dir = str(tmp_path / "run")
+    dnn = {"hidden_units": [16, 8]}
+    first = recflow.api.train(DEMO, model_dir=model_dir, overrides=small({"model.params": {"dnn": dnn}}))
+    assert first["steps"] == 8
+    bf16 = {"model.params": {"dnn": {**dnn, "dtype": "mixed_bfloat16"}}, "train.epochs": 2}
+    assert recflow.api.train(DEMO, model_dir=model_dir, overrides=small(bf16))["steps"] == 16
+    back = {"model.params": {"dnn": {**dnn, "dtype": "float32"}}, "train.epochs": 3}
+    assert recflow.api.train(DEMO, model_dir=model_dir, overrides=small(back))["steps"] == 24
+    wider = {"model.params": {"dnn": {"hidden_units": [32, 8], "dtype": "mixed_bfloat16"}}, "train.epochs": 4}
+    with pytest.raises(RecflowError, match="model.params.dnn.hidden_units"):
+        recflow.api.train(DEMO, model_dir=model_dir, overrides=small(wider))

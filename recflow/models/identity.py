@@ -10,7 +10,9 @@ meaning of the variables:
   (sequences: their `max_len`; numeric: their normalizer's type and bucket boundaries);
 - `tables`: dim and sparse optimizer type (the row layout) of each logical table;
 - `fusion`: which logical tables share each physical table, in slot order;
-- `model`: class and params; `task`: type and heads; the dense optimizer type;
+- `model`: class and params (without a layer's `dtype` that keeps float32 weights:
+  a DNN's `mixed_bfloat16` only changes how it computes); `task`: type and heads;
+  the dense optimizer type;
 - `parameter_servers`: the number of shards every table is split into, recorded
   but not compared: a checkpoint resumed on another count has its rows moved to
   their new shards as it is restored (`recflow.embedding.reshard`).
@@ -48,7 +50,7 @@ def structure(model) -> dict:
         "features": features,
         "tables": tables,
         "fusion": fusion,
-        "model": {"type": config.model.type, "params": _plain(config.model.params)},
+        "model": {"type": config.model.type, "params": _without_compute_dtypes(_plain(config.model.params))},
         "task": {
             "type": task.type,
             "heads": {t.name: {"label": t.label, "type": t.type} for t in task.tasks},
@@ -69,6 +71,24 @@ def _dense_optimizer(type_name: str) -> str:
 
 def dumps(value: dict) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+# Keras dtype policies whose variables are float32: a layer's `dtype` among them (a DNN's
+# `mixed_bfloat16`) only changes how it computes, as `train.xla` does.
+_COMPUTE_DTYPES = frozenset({"float32", "mixed_bfloat16"})
+
+
+def _without_compute_dtypes(value):
+    """`value` without the `dtype` keys that name a policy of `_COMPUTE_DTYPES`, at any depth."""
+    if isinstance(value, dict):
+        return {
+            k: _without_compute_dtypes(v)
+            for k, v in value.items()
+            if not (k == "dtype" and v in _COMPUTE_DTYPES)
+        }
+    if isinstance(value, list):
+        return [_without_compute_dtypes(v) for v in value]
+    return value
 
 
 def _plain(value):

@@ -184,8 +184,10 @@ class LocalRunner:
         """Traces the step for batches of `spec`; then `on_traced`, before the step's first call."""
         # The engine and tower are plain tensor code: tracing without AutoGraph is
         # several times faster (the tower itself is still converted, see RankingModel).
-        self._step_fn = tf.function(self.model.train_step, input_signature=[spec], autograph=False)
-        self._step_fn.get_concrete_function()
+        # The concrete function is called: a polymorphic call binds the batch's 40-odd
+        # tensors against the signature again each step (0.96 -> 0.48 ms a call).
+        step = tf.function(self.model.train_step, input_signature=[spec], autograph=False)
+        self._step_fn = step.get_concrete_function()
         if self._on_traced is not None:
             self._on_traced(spec)
 
@@ -254,7 +256,7 @@ class LocalRunner:
             except StopIteration:
                 return
             features, labels, batch_bad = batch
-            size = int(tf.shape(labels[config.labels[0]])[0])
+            size = labels[config.labels[0]].shape[0]  # eager: known, no op to run
             counts = {
                 "bad": int(batch_bad),
                 "nonfinite": int(features[NONFINITE]),
