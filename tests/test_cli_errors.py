@@ -443,7 +443,7 @@ def test_model_params_typo_names_the_path(tmp_path, capsys):
     line = run_error(capsys, ["train", config, "--quiet", "--set", "model.params.dnn.dropuot=0.1"])
     assert line == (
         "recflow: model.params: unknown argument 'dropuot' of DNN (its arguments: hidden_units, "
-        "activation, dropout, use_batch_norm, l2, output_units)"
+        "activation, dropout, use_batch_norm, l2, output_units, dtype)"
     )
 
 
