@@ -25,7 +25,7 @@ import tensorflow as tf
 import recflow.api
 from recflow.config.loader import load_config
 from recflow.data import cache as cache_lib
-from recflow.data import synthetic
+from recflow.data import records, synthetic
 from recflow.data.writer import write_columns
 from recflow.training.trainer import Trainer
 
@@ -127,6 +127,74 @@ def test_each_epoch_from_the_cache_is_the_batches_of_parsing_again(tmp_path, fmt
         assert sum(int(tf.shape(b[1]["click"])[0]) for b in batches) == 2 * ROWS - 1
         assert sum(int(b[0]["/nonfinite"]) for b in batches) == 2  # "inf", "nan"
         assert sum(int(b[0]["/truncated"]) for b in batches) == 1
+
+
+@pytest.mark.parametrize("counts", [[300], [5, 0, 700, 1], [256, 256]])
+@pytest.mark.parametrize("size", [1, 64, 256, 1000])
+def test_record_keys_made_in_blocks_are_the_per_record_pipelines(counts, size):
+    """`numbered_blocks` against `numbered(...).batch(size)` over record-number readers:
+    the same blocks, bit for bit (an empty file, blocks across files, a short last one)."""
+    files = [f"f{i}" for i in range(len(counts))]
+    table = tf.constant(counts, tf.int64)
+
+    def numbers(name):
+        return tf.data.Dataset.range(tf.gather(table, tf.strings.to_number(tf.strings.substr(name, 1, 9), tf.int32)))
+
+    per_record = records.numbered(files, numbers, first=2, shuffle=False, seed=0).batch(size)
+    assert_same_batches(records.numbered_blocks(counts, 2, size), per_record)
+    keys = np.concatenate([k.numpy() for k, _ in records.numbered_blocks(counts, 2, size)])
+    want = [i * records.FILE_STRIDE + 2 + n for i, c in enumerate(counts) for n in range(c)]
+    np.testing.assert_array_equal(keys, want)  # by hand: every record once, in file order
+
+
+@pytest.mark.parametrize(("files", "shuffle"), [(1, True), (2, False), (1, False)])
+def test_epochs_whose_keys_are_made_in_blocks_are_the_batches_of_parsing_again(tmp_path, files, shuffle):
+    """One file, or files read in turn: the cache makes the record keys a block at a time,
+    and each epoch is still the batches of parsing the files again, tensor by tensor."""
+    paths = write_files(tmp_path, files=files)
+    trainer = Trainer(make_config(tmp_path, paths, **{}), verbose=0)
+    trainer.config = dataclasses.replace(
+        trainer.config, data=dataclasses.replace(trainer.config.data, shuffle=shuffle)
+    )
+    cache = cache_lib.for_run(trainer.config, paths, str(tmp_path / "cache"))
+    for epoch in range(2):
+        assert_same_batches(trainer.epoch_dataset(epoch, cache=cache), trainer.epoch_dataset(epoch))
+        assert_same_batches(trainer.epoch_dataset(epoch, cache=cache, by_record=True), trainer.epoch_dataset(epoch))
+    assert cache.position_record()["order"] == cache_lib.ORDER
+    assert "order" not in cache.position_record(by_record=True)
+
+
+def test_a_position_read_a_record_at_a_time_resumes_in_that_pipeline(tmp_path, monkeypatch):
+    """A checkpoint of the version before blocks (its record has no `order`, its position
+    is in the per-record pipeline) resumes mid-epoch to the tables of a run never stopped."""
+    parts = write_files(tmp_path, files=4)
+    files = [str(tmp_path / "all.csv")]  # one file of 1,200 records: its epoch is 19 steps,
+    with open(files[0], "w", encoding="utf-8") as out:  # and the keys' pipeline is mid-way
+        for i, part in enumerate(parts):  # when the run stops (not at its end)
+            with open(part, encoding="utf-8") as f:
+                out.writelines(f.readlines()[(1 if i else 0) :])
+    Trainer(make_config(tmp_path, files, model_dir="whole"), verbose=0).fit()
+
+    class StopAt(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 22:  # 19 steps per epoch: the fourth of the second
+                self.model.stop_training = True
+
+    with monkeypatch.context() as m:  # the version before
+        dataset, record = cache_lib.InputCache.dataset, cache_lib.InputCache.position_record
+        m.setattr(cache_lib.InputCache, "dataset", lambda self, config, by_record=False: dataset(self, config, True))
+        m.setattr(cache_lib.InputCache, "position_record", lambda self, by_record=False: record(self, True))
+        stopped = Trainer(make_config(tmp_path, files, model_dir="old"), verbose=0, callbacks=[StopAt()])
+        stopped.fit()
+    assert int(stopped.model.global_step) == 22
+    read = []
+    original = cache_lib.InputCache.dataset
+    monkeypatch.setattr(
+        cache_lib.InputCache, "dataset", lambda self, config, by_record=False: read.append(by_record) or original(self, config, by_record)
+    )
+    assert Trainer(make_config(tmp_path, files, model_dir="old"), verbose=0).fit()["steps"] == 57
+    assert_same_tables(tmp_path / "old", tmp_path / "whole")
+    assert read == [True, False]  # the resumed epoch as it was read; the next in blocks
 
 
 def test_three_epochs_from_the_cache_train_the_tables_and_metrics_of_parsing_again(tmp_path):

@@ -7,9 +7,11 @@ and every epoch from then on reads its batches from it. An epoch read from the
 cache gives the batches that parsing the files again would give, bit for bit:
 
 - order: the epoch's record keys come from the very shuffle the files would go
-  through (`records.numbered` + `records.batched` over ranges of record numbers
-  instead of lines: same seeds, same counts, same order), and a batch holds the
-  records of its keys that parsing keeps, in order;
+  through (`records.batched` over record numbers instead of lines: same seeds, same
+  counts, same order), and a batch holds the records of its keys that parsing keeps,
+  in order. Where the files are read one after the other, the keys are made a block
+  at a time (`records.numbered_blocks`: the blocks `records.numbered(...).batch`
+  would give); shuffled files are read interleaved, a record at a time;
 - values: the ids of categorical and sequence features (integer ops only) are kept
   as transformed; every other feature keeps its parsed column and is transformed
   per batch, as when parsing (a float op such as log1p may round a value
@@ -68,6 +70,7 @@ logger = logging.getLogger(__name__)
 FORMAT = 1
 MANIFEST = "manifest.json"
 VARIABLE = "input_cache"  # the checkpoint's record of where its input position was read
+ORDER = 2  # `position_record`'s `order`: record keys made in blocks (absent: a record at a time)
 FROM_FILES = "files"  # its value for a position read from the files, before it named them
 FORMATS = ("csv", "tfrecord")  # readers built on `records.numbered`
 MEMORY_FRACTION = 0.25  # `auto` leaves out training files larger than this part of the memory
@@ -159,10 +162,12 @@ class InputCache:
     def path(self) -> str:
         return os.path.join(self.directory, f"train-{self.key[:16]}")
 
-    def position_record(self) -> dict:
+    def position_record(self, by_record: bool = False) -> dict:
         """What the checkpoint saves beside a position read from this cache: the layout
-        of records the position's keys index (see `LocalRunner`)."""
-        return {"key": self.key, "records": self.records, "first": self.first}
+        of records the position's keys index, and how the epoch's record keys were made
+        (`order`, see `dataset`; a position only restores into its own pipeline)."""
+        record = {"key": self.key, "records": self.records, "first": self.first}
+        return record if by_record else {**record, "order": ORDER}
 
     def fits(self, record: dict) -> bool:
         """Whether a position saved with `position_record` indexes this cache's records
@@ -171,20 +176,34 @@ class InputCache:
 
     # ------------------------------------------------------------------ the epochs
 
-    def dataset(self, config: Config) -> tf.data.Dataset:
+    def dataset(self, config: Config, by_record: bool = False) -> tf.data.Dataset:
         """One epoch of transformed batches, in the order `config.data` (seeded for the
-        epoch) gives the files' records; builds or loads the cache on first use."""
+        epoch) gives the files' records; builds or loads the cache on first use.
+
+        The record keys are made a block of consecutive records at a time
+        (`records.numbered_blocks`) wherever the files are read one after the other (one
+        file, or `data.shuffle: false`); shuffled files are read interleaved, a record
+        at a time, so their keys go through the files' own pipeline with record numbers
+        for records. `by_record` takes that pipeline always: the one a position saved
+        without `order` was read in (versions before blocks).
+        """
         self.load()
         data = config.data
-        names = tf.constant(self.files)
-        counts = tf.constant(self.records, tf.int64)
+        if by_record or (data.shuffle and len(self.files) > 1):
+            names = tf.constant(self.files)
+            counts = tf.constant(self.records, tf.int64)
 
-        def numbers(name):  # a file's record numbers instead of its records
-            index = tf.argmax(tf.cast(tf.equal(names, name), tf.int32))
-            return tf.data.Dataset.range(tf.gather(counts, index))
+            def numbers(name):  # a file's record numbers instead of its records
+                index = tf.argmax(tf.cast(tf.equal(names, name), tf.int32))
+                return tf.data.Dataset.range(tf.gather(counts, index))
 
-        keys = records.numbered(self.files, numbers, first=self.first, shuffle=data.shuffle, seed=data.seed)
-        ds = records.batched(keys, data, shuffle=data.shuffle, epochs=1)
+            keys = records.numbered(self.files, numbers, first=self.first, shuffle=data.shuffle, seed=data.seed)
+            ds = records.batched(keys, data, shuffle=data.shuffle, epochs=1)
+        elif data.shuffle:
+            blocks = records.numbered_blocks(self.records, self.first, records.block_size(data))
+            ds = records.shuffled(blocks, data, epochs=1)
+        else:
+            ds = records.numbered_blocks(self.records, self.first, data.batch_size)
         ds = ds.map(records.plain(self._batch), num_parallel_calls=records.AUTOTUNE, deterministic=True)
         options = records.options()
         # The map reads the cache's variables, which never change: their state is no

@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Callable
 
+import numpy as np
 import tensorflow as tf
 
 from recflow.config.schema import Config, DataConfig
@@ -101,8 +102,17 @@ def batched(
         if epochs is None or epochs != 1:
             ds = ds.repeat(epochs)
         return ds.batch(data.batch_size)
-    block = max(1, min(SHUFFLE_BLOCK, data.shuffle_buffer // 8))
-    seed = data.seed
+    return shuffled(ds.batch(block_size(data)), data, epochs=epochs)
+
+
+def block_size(data: DataConfig) -> int:
+    """Records per shuffle block (`batched`)."""
+    return max(1, min(SHUFFLE_BLOCK, data.shuffle_buffer // 8))
+
+
+def shuffled(blocks: tf.data.Dataset, data: DataConfig, *, epochs: int | None) -> tf.data.Dataset:
+    """`batched`'s shuffle of blocks of `block_size(data)` records, then its batches."""
+    block, seed = block_size(data), data.seed
 
     def permute(number, records):
         n = tf.shape(tf.nest.flatten(records)[0])[:1]
@@ -111,11 +121,29 @@ def batched(
         )
         return tf.nest.map_structure(lambda t: tf.gather(t, order), records)
 
-    ds = ds.batch(block).enumerate().map(plain(permute))
+    ds = blocks.enumerate().map(plain(permute))
     ds = ds.shuffle(-(-data.shuffle_buffer // block), seed=seed, reshuffle_each_iteration=True)
     if epochs is None or epochs != 1:
         ds = ds.repeat(epochs)
     return ds.rebatch(data.batch_size)
+
+
+def numbered_blocks(counts: Sequence[int], first: int, size: int) -> tf.data.Dataset:
+    """`numbered(files, reader, first=first, shuffle=False).batch(size)` for files of
+    `counts` records whose reader yields each record's number: the (keys, numbers) of
+    each `size` consecutive records in file order, made a block at a time, without the
+    per-record elements (about 5 ms of CPU a 4,096-row batch on 2 cores, measured)."""
+    ends = tf.constant(np.cumsum(counts, dtype=np.int64))
+    starts = ends - tf.constant(np.asarray(counts, np.int64))
+    total = int(np.sum(counts, dtype=np.int64))
+
+    def block(index):
+        position = tf.range(index * size, tf.minimum((index + 1) * size, total))
+        file = tf.searchsorted(ends, position, side="right", out_type=tf.int64)
+        number = position - tf.gather(starts, file)
+        return file * FILE_STRIDE + first + number, number
+
+    return tf.data.Dataset.range(-(-total // size)).map(plain(block))
 
 
 def finish(

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import tensorflow as tf
 
-from recflow.data.cache import FROM_FILES, VARIABLE, InputCache
+from recflow.data.cache import FROM_FILES, ORDER, VARIABLE, InputCache
 from recflow.data.records import NONFINITE, TRUNCATED
 from recflow.errors import DataError, listed
 from recflow.quiet import native_stderr_silenced
@@ -83,8 +83,8 @@ class LocalRunner:
     Args:
         config: the run config.
         model: the model trained (its `train_step` is traced once, on the first step).
-        make_input: `(epoch, cache=None) -> tf.data.Dataset` of transformed training
-            batches (from the cache when one is given).
+        make_input: `(epoch, cache=None, by_record=False) -> tf.data.Dataset` of
+            transformed training batches (from the cache when one is given).
         files: the files the input reads (named when too many rows are bad).
         cache: the run's input cache, or None.
         resumed: the restored checkpoint's `cache.VARIABLE` value (None: no checkpoint).
@@ -129,9 +129,12 @@ class LocalRunner:
             return {"iterator": None, VARIABLE: self._source}
         resumed = self._resumed_record(epoch)
         cached = self._reads_cache(epoch, resumed)
-        self.iterator = self._iterator(epoch, cached)
+        # A position read from the cache before its keys were made in blocks resumes in
+        # the pipeline it was read in.
+        by_record = cached and resumed is not None and resumed.get("order") != ORDER
+        self.iterator = self._iterator(epoch, cached, by_record)
         if cached:
-            record = self.cache.position_record()
+            record = self.cache.position_record(by_record)
         else:
             record = {} if self.files is None else {"files": self._real_files()}
         self._source.assign(json.dumps({**record, "shuffle": self.config.data.shuffle}))
@@ -142,10 +145,12 @@ class LocalRunner:
             "restore_position": resumed is not None,
         }
 
-    def _input(self, epoch: int, cached: bool) -> tf.data.Dataset:
-        return self.make_input(epoch, cache=self.cache) if cached else self.make_input(epoch)
+    def _input(self, epoch: int, cached: bool, by_record: bool = False) -> tf.data.Dataset:
+        if not cached:
+            return self.make_input(epoch)
+        return self.make_input(epoch, cache=self.cache, by_record=by_record)
 
-    def _iterator(self, epoch: int, cached: bool):
+    def _iterator(self, epoch: int, cached: bool, by_record: bool = False):
         """The iterator of `epoch`'s input (read from the cache when `cached`).
 
         Its making (the pipeline's trace, then tf.data's graph rewrites and its functions'
@@ -155,11 +160,11 @@ class LocalRunner:
         trained (`_make_next`).
         """
         ahead, self._next = self._next, None
-        if ahead is not None and ahead[:2] == (epoch, cached):
+        if ahead is not None and ahead[:2] == (epoch, cached) and not by_record:
             return ahead[2].result()
         if self._step_fn is not None:
-            return iter(self._input(epoch, cached))
-        dataset = self._input(epoch, cached)
+            return iter(self._input(epoch, cached, by_record))
+        dataset = self._input(epoch, cached, by_record)
         with ThreadPoolExecutor(1, thread_name_prefix="recflow-iterator") as pool:
             made = pool.submit(iter, dataset)
             self._trace_step(dataset.element_spec)

@@ -175,13 +175,15 @@ class Trainer:
                 rows += sum(1 for line in f if line.strip()) - (1 if data.csv.header else 0)
         return -(-max(rows, 0) // data.batch_size)
 
-    def epoch_dataset(self, epoch: int, cache: input_cache.InputCache | None = None):
+    def epoch_dataset(
+        self, epoch: int, cache: input_cache.InputCache | None = None, by_record: bool = False
+    ):
         """One pass over the training data, shuffled differently each epoch; read from
-        `cache` (the same batches) when given."""
+        `cache` (the same batches) when given (`by_record`: see `InputCache.dataset`)."""
         data = dataclasses.replace(self.config.data, seed=self.config.data.seed + epoch)
         config = dataclasses.replace(self.config, data=data)
         if cache is not None:
-            return cache.dataset(config)
+            return cache.dataset(config, by_record)
         ds = data_lib.make_dataset(config, "train", epochs=1)
         return self.transformed(ds)
 
