@@ -59,6 +59,21 @@ def test_a_bfloat16_dnn_keeps_float32_weights_and_output_and_matches_float32_val
     assert all(np.any(g.numpy() != 0) for g in grads)
 
 
+def test_a_bfloat16_dnn_with_dice_batch_norm_and_dropout_trains_and_round_trips():
+    x = tf.constant(np.random.default_rng(2).normal(size=(32, 10)).astype(np.float32))
+    dnn = DNN([16, 8], activation="dice", use_batch_norm=True, dropout=0.1, output_units=1, dtype="mixed_bfloat16")
+    with tf.GradientTape() as tape:
+        out = dnn(x, training=True)
+        loss = tf.reduce_mean(tf.square(out))
+    grads = tape.gradient(loss, dnn.trainable_variables)
+    assert out.dtype == tf.float32 and all(v.dtype == tf.float32 for v in dnn.weights)
+    assert all(g is not None and np.all(np.isfinite(g.numpy())) for g in grads)
+    assert {layer.compute_dtype for layer in dnn.norm_layers + dnn.activation_layers} == {"bfloat16"}
+    again = DNN.from_config(dnn.get_config())
+    assert again.dtype_policy.name == "mixed_bfloat16"
+    assert [d.compute_dtype for d in again.dense_layers] == ["bfloat16", "bfloat16"]
+
+
 def test_a_float32_dnn_is_unchanged_and_other_dtypes_are_refused():
     x = np.random.default_rng(1).normal(size=(16, 12)).astype(np.float32)
     dnn = DNN([8], output_units=1)
