@@ -129,28 +129,35 @@ def test_each_epoch_from_the_cache_is_the_batches_of_parsing_again(tmp_path, fmt
         assert sum(int(b[0]["/truncated"]) for b in batches) == 1
 
 
-@pytest.mark.parametrize("counts", [[300], [5, 0, 700, 1], [256, 256]])
-@pytest.mark.parametrize("size", [1, 64, 256, 1000])
-def test_record_keys_made_in_blocks_are_the_per_record_pipelines(counts, size):
-    """`numbered_blocks` against `numbered(...).batch(size)` over record-number readers:
-    the same blocks, bit for bit (an empty file, blocks across files, a short last one)."""
+@pytest.mark.parametrize("counts", [[300], [5, 0, 700, 1], [256, 256], [7, 1, 1, 1, 90, 2, 0, 40, 3]])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_record_keys_made_in_numpy_are_the_per_record_pipelines(counts, shuffle):
+    """`file_order` + `interleaved` + `record_blocks` against `numbered(...).batch(size)`
+    over record-number readers: the same blocks, bit for bit (empty files, files ending
+    mid-cycle and opening in freed slots, blocks across files, short last blocks)."""
     files = [f"f{i}" for i in range(len(counts))]
     table = tf.constant(counts, tf.int64)
 
     def numbers(name):
         return tf.data.Dataset.range(tf.gather(table, tf.strings.to_number(tf.strings.substr(name, 1, 9), tf.int32)))
 
-    per_record = records.numbered(files, numbers, first=2, shuffle=False, seed=0).batch(size)
-    assert_same_batches(records.numbered_blocks(counts, 2, size), per_record)
-    keys = np.concatenate([k.numpy() for k, _ in records.numbered_blocks(counts, 2, size)])
+    mixed = shuffle and len(counts) > 1
+    for seed, size in [(3, 1), (4, 64), (5, 1000)]:
+        order = records.file_order(len(counts), seed) if mixed else range(len(counts))
+        cycle = min(len(counts), records.INTERLEAVE) if mixed else 1
+        made = records.record_blocks(*records.interleaved(order, counts, cycle), 2, size)
+        per_record = records.numbered(files, numbers, first=2, shuffle=shuffle, seed=seed).batch(size)
+        assert_same_batches(made, per_record)
+    keys = np.concatenate([k.numpy() for k, _ in made])  # by hand: every record once
     want = [i * records.FILE_STRIDE + 2 + n for i, c in enumerate(counts) for n in range(c)]
-    np.testing.assert_array_equal(keys, want)  # by hand: every record once, in file order
+    np.testing.assert_array_equal(np.sort(keys), want)
 
 
-@pytest.mark.parametrize(("files", "shuffle"), [(1, True), (2, False), (1, False)])
+@pytest.mark.parametrize(("files", "shuffle"), [(1, True), (2, False), (1, False), (5, True)])
 def test_epochs_whose_keys_are_made_in_blocks_are_the_batches_of_parsing_again(tmp_path, files, shuffle):
-    """One file, or files read in turn: the cache makes the record keys a block at a time,
-    and each epoch is still the batches of parsing the files again, tensor by tensor."""
+    """Whatever the files and the shuffle, the cache makes the record keys in numpy and
+    blocks, and each epoch is still the batches of parsing the files again, tensor by
+    tensor (and those of the per-record key pipeline)."""
     paths = write_files(tmp_path, files=files)
     trainer = Trainer(make_config(tmp_path, paths, **{}), verbose=0)
     trainer.config = dataclasses.replace(

@@ -9,9 +9,8 @@ cache gives the batches that parsing the files again would give, bit for bit:
 - order: the epoch's record keys come from the very shuffle the files would go
   through (`records.batched` over record numbers instead of lines: same seeds, same
   counts, same order), and a batch holds the records of its keys that parsing keeps,
-  in order. Where the files are read one after the other, the keys are made a block
-  at a time (`records.numbered_blocks`: the blocks `records.numbered(...).batch`
-  would give); shuffled files are read interleaved, a record at a time;
+  in order. The keys are made in numpy in that order and reach the shuffle a block at
+  a time (`records.record_blocks`), not a record at a time;
 - values: the ids of categorical and sequence features (integer ops only) are kept
   as transformed; every other feature keeps its parsed column and is transformed
   per batch, as when parsing (a float op such as log1p may round a value
@@ -180,16 +179,15 @@ class InputCache:
         """One epoch of transformed batches, in the order `config.data` (seeded for the
         epoch) gives the files' records; builds or loads the cache on first use.
 
-        The record keys are made a block of consecutive records at a time
-        (`records.numbered_blocks`) wherever the files are read one after the other (one
-        file, or `data.shuffle: false`); shuffled files are read interleaved, a record
-        at a time, so their keys go through the files' own pipeline with record numbers
-        for records. `by_record` takes that pipeline always: the one a position saved
-        without `order` was read in (versions before blocks).
+        The epoch's record keys are made in numpy, in the order the files' pipeline reads
+        them (`records.file_order`, `records.interleaved`), and go to the shuffle a block
+        at a time (`records.record_blocks`). `by_record` makes them as the files' pipeline
+        does instead, a record at a time, with record numbers for records: the pipeline a
+        position saved without `order` was read in (versions before blocks).
         """
         self.load()
         data = config.data
-        if by_record or (data.shuffle and len(self.files) > 1):
+        if by_record:
             names = tf.constant(self.files)
             counts = tf.constant(self.records, tf.int64)
 
@@ -199,11 +197,15 @@ class InputCache:
 
             keys = records.numbered(self.files, numbers, first=self.first, shuffle=data.shuffle, seed=data.seed)
             ds = records.batched(keys, data, shuffle=data.shuffle, epochs=1)
-        elif data.shuffle:
-            blocks = records.numbered_blocks(self.records, self.first, records.block_size(data))
-            ds = records.shuffled(blocks, data, epochs=1)
         else:
-            ds = records.numbered_blocks(self.records, self.first, data.batch_size)
+            n = len(self.files)
+            mixed = data.shuffle and n > 1  # files in a seeded order, read interleaved
+            order = records.file_order(n, data.seed) if mixed else range(n)
+            files, numbers = records.interleaved(order, self.records, min(n, records.INTERLEAVE) if mixed else 1)
+            size = records.block_size(data) if data.shuffle else data.batch_size
+            ds = records.record_blocks(files, numbers, self.first, size)
+            if data.shuffle:
+                ds = records.shuffled(ds, data, epochs=1)
         ds = ds.map(records.plain(self._batch), num_parallel_calls=records.AUTOTUNE, deterministic=True)
         options = records.options()
         # The map reads the cache's variables, which never change: their state is no
