@@ -11,6 +11,10 @@ import tf_keras as keras
 from recflow.config import limits
 from recflow.layers.dice import Dice
 
+# The Keras dtype policies a `DNN` computes in; its weights are float32 in each, so the
+# choice is no part of a model's identity (`recflow.models.identity`).
+DTYPES = ("float32", "mixed_bfloat16")
+
 
 def check_positive_int(name: str, value) -> int:
     """Returns `value` as an int, or raises `ValueError` naming `name`."""
@@ -113,7 +117,6 @@ class DNN(keras.layers.Layer):
     """
 
     _ARGUMENTS = ("hidden_units", "activation", "dropout", "use_batch_norm", "l2", "output_units", "dtype")
-    _DTYPES = ("float32", "mixed_bfloat16")
 
     def __init__(
         self,
@@ -134,9 +137,9 @@ class DNN(keras.layers.Layer):
             raise TypeError(
                 f"unknown argument {e.args[1]!r} of DNN (its arguments: {allowed})"
             ) from None
-        if self.dtype_policy.name not in self._DTYPES:
+        if self.dtype_policy.name not in DTYPES:
             raise ValueError(
-                f"`dtype` must be one of {', '.join(self._DTYPES)}. "
+                f"`dtype` must be one of {', '.join(DTYPES)}. "
                 f"Received: dtype={self.dtype_policy.name!r}"
             )
         self.hidden_units = check_units("hidden_units", hidden_units)

@@ -30,6 +30,7 @@ import json
 from typing import Any
 
 from recflow.errors import RecflowError
+from recflow.layers.dnn import DTYPES as DNN_DTYPES
 
 VARIABLE = "structure"  # the checkpointed tf.Variable holding the JSON
 EXPORT_FILE = "structure.json"  # in an export's assets.extra/
@@ -73,18 +74,15 @@ def dumps(value: dict) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
-# Keras dtype policies whose variables are float32: a layer's `dtype` among them (a DNN's
-# `mixed_bfloat16`) only changes how it computes, as `train.xla` does.
-_COMPUTE_DTYPES = frozenset({"float32", "mixed_bfloat16"})
-
-
 def _without_compute_dtypes(value):
-    """`value` without the `dtype` keys that name a policy of `_COMPUTE_DTYPES`, at any depth."""
+    """`value` without the `dtype` keys that name a policy of `DNN_DTYPES`, at any depth:
+    their weights are float32 in each, so the choice only changes how a layer computes,
+    as `train.xla` does."""
     if isinstance(value, dict):
         return {
             k: _without_compute_dtypes(v)
             for k, v in value.items()
-            if not (k == "dtype" and v in _COMPUTE_DTYPES)
+            if not (k == "dtype" and v in DNN_DTYPES)
         }
     if isinstance(value, list):
         return [_without_compute_dtypes(v) for v in value]

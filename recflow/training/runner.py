@@ -162,9 +162,9 @@ class LocalRunner:
         ahead, self._next = self._next, None
         if ahead is not None and ahead[:2] == (epoch, cached) and not by_record:
             return ahead[2].result()
-        if self._step_fn is not None:
-            return iter(self._input(epoch, cached, by_record))
         dataset = self._input(epoch, cached, by_record)
+        if self._step_fn is not None:
+            return iter(dataset)
         with ThreadPoolExecutor(1, thread_name_prefix="recflow-iterator") as pool:
             made = pool.submit(iter, dataset)
             self._trace_step(dataset.element_spec)
