@@ -347,6 +347,21 @@ def test_subprocess_success_skips_teardown_but_keeps_every_output_byte(tmp_path)
     assert report
 
 
+def test_subprocess_data_error_in_the_first_batch_exits_2_with_one_line(tmp_path):
+    """A bad label in the first batch fails the run while the evaluation's predict
+    function is still being traced in a thread: that thread must not outlive the
+    interpreter (a daemon thread inside TensorFlow's C++ code at teardown aborted the
+    process: exit 134 and 'terminate called ... FATAL: exception not rethrown')."""
+    write_config(tmp_path, tiny_config(tmp_path), "tiny.yaml")
+    data = write_csv(tmp_path, [HEADER, "1,a,x,1.5,2", *ROWS[1:]])
+    proc = _recflow(tmp_path, "train", "tiny.yaml", "--quiet")
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.splitlines() == [
+        f"recflow: {data}: line 2: label 'click': a binary task needs 0 or 1, got 2 (map raw "
+        "values to 1 with data.positive: {click: [...]}, or use task.type: regression)"
+    ]
+
+
 # ----------------------------------------------------------------------------- issue 19: config
 # Config-side findings of issue 19 (4, 6, 9, 10, 11): each failed before its fix.
 

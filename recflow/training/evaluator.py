@@ -62,7 +62,12 @@ class Evaluator:
         training step's first call builds its kernels without the GIL, the trace overlaps
         it (the bench's 1-epoch job: evaluation 1.44-1.46 -> 1.17-1.19 s, training
         0.1-0.2 s longer). A trace that fails, or batches of another spec, are traced
-        again by `evaluate`, where an error is raised."""
+        again by `evaluate`, where an error is raised.
+
+        The thread is not a daemon: a run that fails while it traces exits once the trace
+        is done. A daemon thread still inside TensorFlow's C++ code when the interpreter
+        tears down is ended by `pthread_exit`, whose unwinding a C++ `catch (...)` there
+        swallows: the process aborted (exit 134) after printing the run's error."""
         if isinstance(self.model, RetrievalModel):  # it predicts from raw columns
             return
 
@@ -72,7 +77,7 @@ class Evaluator:
             except Exception:  # noqa: BLE001 - `evaluate` traces again and raises it there
                 self._predict = None
 
-        self._tracing = threading.Thread(target=trace, name="recflow-eval-trace", daemon=True)
+        self._tracing = threading.Thread(target=trace, name="recflow-eval-trace")
         self._tracing.start()
 
     def evaluate(self) -> dict:
