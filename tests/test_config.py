@@ -344,6 +344,12 @@ BAD = [
     ("unused-table", _set("tables.spare", {"dim": 4}), "tables.spare", "used by no feature"),
     ("dim-with-table", _set("features.0.dim", 4), "features[0].dim", "set the dim on the table"),
     (
+        "table-shared-across-dtypes",  # item_id (string) and hist_items share table item
+        _set("features.4.dtype", "int64"),
+        "features[4].dtype",
+        "int64, but 'item_id' reads table 'item' as string",
+    ),
+    (
         "implicit-table-shadowed",  # category has no `table`, but a table named category exists
         _set("tables.category", {"dim": 4}),
         "features[2].table",

@@ -86,6 +86,28 @@ def test_rows_and_dense_weights_that_fit_are_carried_by_value(source, tmp_path):
     assert "dnn/dense_layers/1/kernel" in same
 
 
+def test_rows_whose_ids_changed_dtype_start_fresh(source, tmp_path):
+    """user_id read as strings: the source's int64-keyed user rows would never be found
+    by a string's fingerprint, so its tables start empty (they were carried as dead rows)."""
+    from recflow.api import load
+    from recflow.training.trainer import Trainer
+    from recflow.training.warm_start import warm_start
+
+    raw = yaml.safe_load(open(CONFIG, encoding="utf-8"))
+    (user,) = [f for f in raw["features"] if f["name"] == "user_id"]
+    assert user["dtype"] == "int64"
+    user["dtype"] = "string"
+    path = tmp_path / "strings.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    config = load(str(path), model_dir=str(tmp_path / "new"), overrides=SMALL)
+    new = Trainer(config, verbose=0).model
+    report = warm_start(new, str(source))
+    assert report["fresh_tables"] == ["user", "user.linear"]
+    assert "user" not in report["tables"] and report["tables"]["item"] > 0
+    rows = new.embedding.logical_rows()
+    assert rows["user"].ids.size == 0 and rows["user.linear"].ids.size == 0
+
+
 def test_cli_warm_start_trains_a_new_model_dir_and_a_rerun_resumes_it(source, tmp_path, capsys):
     target = tmp_path / "target"
     args = ["train", _changed_config(tmp_path), "--quiet", "--model-dir", str(target),

@@ -413,6 +413,17 @@ def check_references(config: Config) -> None:
             )
     if not config.sparse_features:
         raise ConfigError("features", "expected at least one categorical, multi_hot or sequence feature")
+    first: dict[str, Feature] = {}  # per table: its first feature
+    for i, f in enumerate(config.features):
+        if not f.is_sparse:
+            continue
+        other = first.setdefault(f.table_name, f)
+        if other.dtype != f.dtype:  # an int64 id's key is its value, a string's its fingerprint
+            raise ConfigError(
+                f"features[{i}].dtype",
+                f"{f.dtype}, but {other.name!r} reads table {f.table_name!r} as {other.dtype}: "
+                f"the same id would be two keys there; give the features of a table one dtype",
+            )
     for name in config.tables:
         if name not in config.table_names():
             raise ConfigError(f"tables.{name}", "defined but used by no feature")

@@ -409,8 +409,8 @@ class SparseFeature(Feature):
     """A feature whose values are ids looked up in an embedding table.
 
     Attributes:
-        dtype: how the column's ids are read: `int64` as integers (a value that is not one is a bad row), `string` as strings (hashed to keys).
-        table: a key of `tables` (features may share one); without it the feature gets its own table, named after it.
+        dtype: how the column's ids are read: `int64` as integers (a value that is not one is a bad row; an empty one reads as -1), `string` as strings (hashed to keys).
+        table: a key of `tables` (features of one dtype may share one); without it the feature gets its own table, named after it.
         dim: embedding size of the feature's own table (not allowed with `table`); default `embedding.default_dim`.
     """
 

@@ -8,8 +8,9 @@ identity differs, see `recflow.models.identity`), but it can start from it.
 What is carried over, read from FROM_DIR's newest readable checkpoint (FROM_DIR
 is only read):
 
-- **rows** of every logical table that exists in both configs with the same dim:
-  each id keeps its embedding and sighting count, and its optimizer slots when
+- **rows** of every logical table that exists in both configs with the same dim and
+  the same id dtype (an int64 id's key is its value, a string's its fingerprint: rows
+  keyed one way are never found the other): each id keeps its embedding and sighting count, and its optimizer slots when
   the sparse optimizer type is the same (otherwise they start as the optimizer
   initializes them). The rows count as last seen at step 0 of the new run, so
   `eviction.ttl_steps` measures from the warm start. Keys still waiting for
@@ -32,6 +33,7 @@ import tensorflow as tf
 
 from recflow.config.loader import load_config
 from recflow.embedding.placement import ModPlacement
+from recflow.embedding.planner import LINEAR_SUFFIX
 from recflow.errors import RecflowError
 from recflow.layout import Layout
 from recflow.models import build_model, identity
@@ -78,6 +80,15 @@ def variable_paths(model) -> dict[str, tf.Variable]:
     return {name: variable for _, name, variable in best.values()}
 
 
+def id_dtypes(config) -> dict[str, str]:
+    """The id dtype of every logical table (its features share one: `check_references`),
+    its first-order table (`<table>.linear`) included."""
+    out = {}
+    for feature in config.sparse_features:
+        out[feature.table_name] = out[feature.table_name + LINEAR_SUFFIX] = feature.dtype
+    return out
+
+
 def warm_start(model, source: str) -> dict:
     """Copies into `model` (fresh, at step 0) what still fits of model dir `source`.
 
@@ -90,11 +101,12 @@ def warm_start(model, source: str) -> dict:
     old, checkpoint = _source_model(source)
     old_rows = old.embedding.logical_rows()
     old_tables = {t.name: t for p in old.embedding.plan for t in p.logical}
+    old_dtypes, dtypes = id_dtypes(old.config), id_dtypes(model.config)
     carried, fresh, slots_reset = {}, [], []
     for physical in model.embedding.plan:
         for table in physical.logical:
             before = old_tables.get(table.name)
-            if before is None or before.dim != table.dim:
+            if before is None or before.dim != table.dim or old_dtypes[table.name] != dtypes[table.name]:
                 fresh.append(table.name)
                 continue
             same_slots = before.optimizer.type == table.optimizer.type
