@@ -148,6 +148,7 @@ BAD_LINES = [
     ("3,abc,0", "column 'price': expected a number, got 'abc'"),
     ('3,"pr\u00efx\\",0', "column 'price': expected a number, got 'pr\u00efx\\'"),
     ("x1,1.0,0", "column 'id': expected an integer, got 'x1'"),
+    ("+7,1.0,0", "column 'id': expected an integer, got '+7'"),  # was: does not fit in int64
     ("5,1.0,", "label 'click': expected a number, got ''"),
     (
         "5,1.0,yes",

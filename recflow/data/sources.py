@@ -45,7 +45,7 @@ INT64_TEXT = (
     rf"(?:\d{{1,18}}|{_digits_at_most(str(2**63 - 1))}"
     rf"|-(?:\d{{1,18}}|{_digits_at_most(str(2**63))}))"
 )
-DIGITS = r"[+-]?\d+"  # an integer, of any size
+DIGITS = r"-?\d+"  # an integer of any size, as INT64_TEXT writes one (no "+": TF's parse refuses it)
 
 # Raw column kinds: the dtype a column has in the serving signature.
 INT64, STRING, FLOAT, LABEL = "int64", "string", "float", "label"
