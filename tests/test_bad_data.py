@@ -116,6 +116,23 @@ def test_binary_label_other_than_0_or_1_stops_the_run(tmp_path, capsys):
     assert no_export(tmp_path)
 
 
+def test_positive_values_that_match_no_row_are_named_in_a_warning(tmp_path, capsys):
+    """data.positive maps 'yes' to 1, but the column holds 0 and 1: every label reads as 0,
+    so the AUC is undefined; the run says why it may be (it used to end silently)."""
+    write(tmp_path, [f"{i},{i}.5,{i % 2}" for i in range(8)])
+    capsys.readouterr()
+    assert main(["train", config(tmp_path, {"positive": {"click": ["yes"]}}), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "label 'click' is 0 in all 8 train rows: AUC is undefined; data.positive maps ['yes'] to 1" in err
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["auc"] is None and metrics["eval_examples"] == 8
+    # The same rows without the mapping: both classes, no warning.
+    capsys.readouterr()
+    argv = ["train", config(tmp_path), "--quiet", "--model-dir", str(tmp_path / "plain")]
+    assert main(argv) == 0
+    assert "AUC is undefined" not in capsys.readouterr().err
+
+
 def test_header_without_rows_fails_before_training(tmp_path, capsys):
     data = write(tmp_path, [])
     fails(capsys, ["train", config(tmp_path), "--quiet"], f"{data}: no rows after the header line")

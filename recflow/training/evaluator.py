@@ -9,6 +9,7 @@ pipeline in parallel with the model.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 
 import numpy as np
@@ -19,6 +20,8 @@ from recflow import metrics as metrics_lib
 from recflow.data.records import finish
 from recflow.features.transform import transform
 from recflow.models.base import RetrievalModel
+
+logger = logging.getLogger(__name__)
 
 EVAL_BATCH = 16384  # rows per evaluation batch (at least the training batch)
 
@@ -108,6 +111,8 @@ class Evaluator:
             y = np.concatenate(labels[head.label]) if labels[head.label] else np.zeros(0)
             p = np.concatenate(preds[head.output]) if preds[head.output] else np.zeros(0)
             result["eval_examples"] = int(y.size)
+            if head.label in config.binary_labels and y.size and (y == y[0]).all():
+                _warn_one_class(config, head.label, split, y)
             prefix = "" if len(model.heads) == 1 else f"{head.name}/"
             for name in head.metric_names(config.task):
                 value = head.metric(name, y, p, g) if y.size else float("nan")
@@ -154,6 +159,20 @@ class Evaluator:
             result[name] = round(float(value), 6)
         result["eval_bad_records"] = bad
         return result
+
+
+def _warn_one_class(config, label: str, split: str, y: np.ndarray) -> None:
+    """A binary label whose every row of the split is one class: AUC is undefined, and when
+    `data.positive` maps the label, its values most likely match none of the column's."""
+    mapped = config.data.positive.get(label)
+    hint = (
+        f"; data.positive maps {list(mapped)} to 1: do they match the column's values?"
+        if mapped is not None
+        else ""
+    )
+    logger.warning(
+        "label %r is %g in all %d %s rows: AUC is undefined%s", label, y[0], y.size, split, hint
+    )
 
 
 def _transform(config, ds):
