@@ -110,6 +110,20 @@ def test_an_added_or_removed_feature_is_refused_naming_it(trained, capsys, chang
     assert expected in err and "--warm-start" in err, err
 
 
+def test_features_pointed_at_other_columns_are_named_in_a_warning(trained, capsys):
+    """The identity leaves columns out (a column renamed in the data may follow its
+    feature), so swapped columns resume; the run names each moved feature."""
+    model_dir, metrics = trained
+    swap = {"features.category.column": "city", "features.city.column": "category"}
+    capsys.readouterr()
+    assert main(["evaluate", CONFIG, "--model-dir", str(model_dir), *sets({**SMALL, **swap})]) == 0
+    err = capsys.readouterr().err
+    assert "'category' reads column 'city' (trained on 'category'); " in err, err
+    assert "'city' reads column 'category' (trained on 'city'); fine for a column renamed" in err, err
+    assert main(["evaluate", CONFIG, "--model-dir", str(model_dir), *sets(SMALL)]) == 0
+    assert "reads column" not in capsys.readouterr().err
+
+
 def test_an_export_version_is_never_rewritten(trained, capsys):
     model_dir, metrics = trained
     export = model_dir / "export" / str(metrics["steps"])

@@ -34,6 +34,7 @@ import shutil
 from typing import Callable
 
 import tensorflow as tf
+import yaml
 
 from recflow.atomic import staged_dir, write_json
 from recflow.config.loader import dump_config
@@ -156,6 +157,7 @@ class ModelDir(Layout):
         if latest:
             check_checkpoint(latest)
             self._check_identity(latest)
+            self._warn_moved_columns()
             self._status(f"Restoring {latest}")
             # The input position is read on its own, after the rest: what fails there is
             # the position (without it, the record of it is left out too).
@@ -191,6 +193,30 @@ class ModelDir(Layout):
             )
         saved = json.loads(reader.get_tensor(name).decode())
         identity.check(saved, self.structure, self.path)
+
+    def _warn_moved_columns(self) -> None:
+        """Warns when a feature reads another column than the model dir's last run did
+        (its config.yaml). The identity leaves columns out, so that a column renamed in
+        the data can follow its feature; but a feature pointed at another feature's
+        column looks its ids up in the wrong table."""
+        try:
+            with open(self.config_path, encoding="utf-8") as f:
+                before = yaml.safe_load(f)["features"]
+            read = {f["name"]: f.get("column") or f["name"] for f in before}
+        except (OSError, yaml.YAMLError, KeyError, TypeError):
+            return  # no readable record of the last run's columns: nothing to compare
+        moved = [
+            f"{f.name!r} reads column {f.source!r} (trained on {read[f.name]!r})"
+            for f in self.config.features
+            if f.name in read and read[f.name] != f.source
+        ]
+        if moved:
+            logger.warning(
+                "%s: %s; fine for a column renamed in the data, but another feature's column "
+                "would look its ids up in this feature's table",
+                self.path,
+                "; ".join(moved),
+            )
 
     def _reshard(self, checkpoint: str) -> None:
         """Moves the restored checkpoint's rows to their shards when it was written with
