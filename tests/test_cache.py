@@ -12,6 +12,7 @@ import dataclasses
 import glob
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from recflow.config.loader import load_config
 from recflow.data import cache as cache_lib
 from recflow.data import records, synthetic
 from recflow.data.writer import write_columns
+from recflow.errors import DataError
 from recflow.training.trainer import Trainer
 
 ROWS = 300  # per file
@@ -265,6 +267,16 @@ def damage_partial(path):
     os.remove(os.path.join(path, cache_lib.MANIFEST))
 
 
+def damage_manifest(path):
+    """A manifest whose record counts lie (its arrays intact): each epoch read half its rows."""
+    name = os.path.join(path, cache_lib.MANIFEST)
+    with open(name, encoding="utf-8") as f:
+        manifest = json.load(f)
+    manifest["records"] = [n // 2 for n in manifest["records"]]
+    with open(name, "w", encoding="utf-8") as f:
+        json.dump(manifest, f, indent=1)
+
+
 def test_a_closed_cache_leaves_no_files_and_removes_only_the_model_dirs_own_dir(tmp_path):
     files = write_files(tmp_path)
     config = make_config(tmp_path, files)
@@ -274,13 +286,14 @@ def test_a_closed_cache_leaves_no_files_and_removes_only_the_model_dirs_own_dir(
         assert cache.directory == str(directory)
         os.makedirs(cache.path)  # what a build leaves
         open(os.path.join(cache.path, cache_lib.MANIFEST), "w").close()
+        os.makedirs(directory / "train-0123456789abcdef")  # another key's (other files)
         cache.close()
         assert not os.path.exists(cache.path)
-    assert not (tmp_path / "run" / "cache").exists()  # the model dir's: emptied, removed
-    assert os.listdir(tmp_path / "mine") == []  # data.cache_dir: the user's, kept
+    assert not (tmp_path / "run" / "cache").exists()  # the model dir's: removed whole
+    assert os.listdir(tmp_path / "mine") == ["train-0123456789abcdef"]  # the user's: others' kept
 
 
-@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_partial])
+@pytest.mark.parametrize("damage", [damage_truncate, damage_flip, damage_partial, damage_manifest])
 def test_a_damaged_cache_is_rebuilt_not_trusted(tmp_path, damage):
     files = write_files(tmp_path)
     trainer = Trainer(make_config(tmp_path, files), verbose=0)
@@ -311,6 +324,53 @@ def test_a_changed_file_or_parse_option_invalidates_the_cache(tmp_path):
     assert_same_batches(trainer.epoch_dataset(0, cache=changed), trainer.epoch_dataset(0))
     other = dataclasses.replace(trainer.config, features=trainer.config.features[:-1])  # no `hour`
     assert cache_lib.for_run(other, files, directory).key != changed.key
+
+
+def test_a_new_cache_in_the_model_dir_replaces_its_caches_of_other_files(tmp_path):
+    files = write_files(tmp_path)
+    config = make_config(tmp_path, files)
+    directory = tmp_path / "run" / "cache"
+    old = directory / "train-0123456789abcdef"  # a cache of the files before they changed
+    os.makedirs(old)
+    cache_lib.for_run(config, files, str(directory)).load()
+    assert os.listdir(directory) == [os.path.basename(cache_lib.for_run(config, files, str(directory)).path)]
+
+
+def test_a_run_that_its_step_count_ends_removes_its_cache(tmp_path):
+    files = write_files(tmp_path)
+    trainer = Trainer(make_config(tmp_path, files, epochs="null", steps=25), verbose=0)
+    trainer.fit()  # 10 steps an epoch: epochs 2 and 3 read the cache
+    assert int(trainer.model.global_step) == 25
+    assert not (tmp_path / "run" / "cache").exists()
+
+
+def test_a_position_resumes_over_the_same_contents_only(tmp_path):
+    """A checkpoint's cache position names the files' contents: files touched (same bytes)
+    resume it; files of the same record counts but other rows are refused before they are
+    parsed (they resumed silently, reading the new rows at the old positions)."""
+    files = write_files(tmp_path)
+
+    class StopAt(tf.keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 14:  # 10 steps per epoch: in the second, read from the cache
+                self.model.stop_training = True
+
+    Trainer(make_config(tmp_path, files), verbose=0, callbacks=[StopAt()]).fit()
+    stat = os.stat(files[1])
+    os.utime(files[1], ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))  # touched only
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    assert Trainer(make_config(tmp_path, files), verbose=0).fit()["steps"] == 30
+
+    with open(files[1], encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    lines[1], lines[2] = lines[2], lines[1]  # the same records, other rows at their numbers
+    with open(files[1], "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    resumed = Trainer(make_config(tmp_path, files, model_dir="copy"), verbose=0)
+    with pytest.raises(DataError, match=r"the files changed since .* epoch 2 \(other contents\)"):
+        resumed.fit()
+    # Nothing was parsed for the refused files: no cache of theirs.
+    assert not os.path.exists(cache_lib.for_run(resumed.config, files, str(tmp_path / "copy" / "cache")).path)
 
 
 def test_a_stopped_run_resumes_mid_epoch_from_where_it_read(tmp_path):

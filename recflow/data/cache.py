@@ -22,13 +22,17 @@ On disk, `DIR/train-<key>/` holds one `.npy` file per array and `manifest.json`,
 written last into a temp dir that is then renamed into place. The key covers the
 files' identity (path, size, mtime) and everything the parse and the kept
 transforms depend on (data options, features, labels); the manifest holds each
-array's dtype, shape and CRC-32, checked at every load. A cache that is partial
-(killed while written), damaged, or built from other files or another config is
-never used: it is rebuilt.
+array's dtype, shape and CRC-32, the files' contents' CRC-32s, and its own CRC-32,
+all checked at every load. A cache that is partial (killed while written),
+damaged, or built from other files or another config is never used: it is rebuilt.
+In the model dir (no `data.cache_dir`), caches of other keys are removed when a new
+one is written, and the whole `cache/` when the run ends.
 
 The position inside an epoch read from the cache is the key pipeline's iterator
 (range positions and the shuffle buffer of key blocks), checkpointed like the
-parsing iterator. Why not tf.data's own (TF 2.17.1, measured; docs/performance.md):
+parsing iterator. Beside it the checkpoint records the files' contents (CRC-32s):
+a position resumes over the very same contents only (files moved or touched are
+the same files; changed ones are refused before anything is parsed). Why not tf.data's own (TF 2.17.1, measured; docs/performance.md):
 
 - `Dataset.cache(filename)`: used whatever files or config made it (keyed by its
   name only); a kill -9 while it is written leaves a lock file that fails the next
@@ -45,7 +49,6 @@ Streams (`--follow`, Kafka) and parameter-server runs do not use the cache.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -116,6 +119,18 @@ def parse_identity(config: Config) -> str:
     return repr((data, config.features, sources.needs(config)))
 
 
+def contents(files: Sequence[str]) -> list[int]:
+    """The CRC-32 of each file's bytes, in order."""
+    out = []
+    for file in files:
+        crc = 0
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 22):
+                crc = zlib.crc32(chunk, crc)
+        out.append(crc)
+    return out
+
+
 def files_identity(files: Sequence[str]) -> list:
     """`[path, size, mtime_ns]` of each file, in order."""
     identity = []
@@ -144,6 +159,7 @@ class InputCache:
         self._arrays: dict | None = None  # name -> tf.Variable, once loaded
         self.records: list[int] = []  # records per file (lines after the header, blank ones too)
         self.first = 0  # the number of a file's first record (`records.numbered`)
+        self.contents: list[int] = []  # CRC-32 of each file's bytes, as the cache was built
 
     # ------------------------------------------------------------------ identity
 
@@ -165,13 +181,21 @@ class InputCache:
         """What the checkpoint saves beside a position read from this cache: the layout
         of records the position's keys index, and how the epoch's record keys were made
         (`order`, see `dataset`; a position only restores into its own pipeline)."""
-        record = {"key": self.key, "records": self.records, "first": self.first}
+        record = {"key": self.key, "records": self.records, "first": self.first, "contents": self.contents}
         return record if by_record else {**record, "order": ORDER}
 
+    def holds_contents_of(self, record: dict) -> bool:
+        """Whether the files hold the contents a position saved with `position_record`
+        was read from (read before the cache is loaded: other files are refused before
+        they are parsed). A record from before contents were recorded passes here;
+        `fits` compares its layout."""
+        return "contents" not in record or record["contents"] == contents(self.files)
+
     def fits(self, record: dict) -> bool:
-        """Whether a position saved with `position_record` indexes this cache's records
-        (the same files, or files of the very same record layout)."""
-        return record["records"] == self.records and record["first"] == self.first
+        """Whether a position saved with `position_record` indexes this loaded cache's
+        records (the same files: see `holds_contents_of`)."""
+        same = record["records"] == self.records and record["first"] == self.first
+        return same and record.get("contents", self.contents) == self.contents
 
     # ------------------------------------------------------------------ the epochs
 
@@ -253,10 +277,8 @@ class InputCache:
         and the model dir's `cache/` with them when it is left empty (a `data.cache_dir`
         of the user's own stays)."""
         self._arrays = None
-        shutil.rmtree(self.path, ignore_errors=True)
-        if not self.config.data.cache_dir:
-            with contextlib.suppress(OSError):  # not empty: another cache's files
-                os.rmdir(self.directory)
+        # The model dir's cache/ is this run's alone; a `data.cache_dir` may hold others'.
+        shutil.rmtree(self.path if self.config.data.cache_dir else self.directory, ignore_errors=True)
 
     def _read(self) -> dict | None:
         """The arrays of the cache on disk, or None (and a log line) when there is none
@@ -267,6 +289,8 @@ class InputCache:
         try:
             with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
                 manifest = json.load(f)
+            if manifest.pop("crc32", None) != _crc(manifest):
+                raise ValueError(f"{MANIFEST}: checksum mismatch")
             if manifest.get("format") != FORMAT or manifest.get("key") != self.key:
                 raise ValueError("built from other files or another config")
             arrays = {}
@@ -278,6 +302,7 @@ class InputCache:
                     raise ValueError(f"{entry['file']}: checksum mismatch")
                 arrays[name] = value
             self.records, self.first = manifest["records"], manifest["first"]
+            self.contents = manifest["contents"]
         except (OSError, ValueError, KeyError, TypeError) as e:
             logger.warning("input cache %s is unusable (%s); parsing the files again", path, e)
             return None
@@ -287,6 +312,7 @@ class InputCache:
     def _build(self) -> dict:
         """Parses the files once (file order) into the cache's arrays, writes them."""
         logger.info("input cache: parsing %d file(s) once into %s", len(self.files), self.path)
+        self.contents = contents(self.files)
         columns = _parse(self.config, self.files)
         keys = columns.pop("keys")
         status = columns.pop("status")
@@ -303,7 +329,7 @@ class InputCache:
     def _write(self, arrays: dict) -> None:
         """Writes the arrays and then the manifest into a temp dir, renamed into place."""
         os.makedirs(self.directory, exist_ok=True)
-        _remove_stale(self.directory)
+        _remove_stale(self.directory, others=not self.config.data.cache_dir)
         shutil.rmtree(self.path, ignore_errors=True)
         tmp = tempfile.mkdtemp(prefix=f".tmp-{os.getpid()}-", dir=self.directory)
         try:
@@ -315,7 +341,9 @@ class InputCache:
                 entries[name] = {"file": file, "dtype": str(value.dtype), "shape": list(value.shape),
                                  "crc32": zlib.crc32(memoryview(value).cast("B"))}  # fmt: skip
             manifest = {"format": FORMAT, "key": self.key, "files": files_identity(self.files),
-                        "records": self.records, "first": self.first, "arrays": entries}  # fmt: skip
+                        "contents": self.contents, "records": self.records, "first": self.first,
+                        "arrays": entries}  # fmt: skip
+            manifest["crc32"] = _crc(manifest)
             with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
                 json.dump(manifest, f, indent=1)
             os.rename(tmp, self.path)
@@ -408,9 +436,19 @@ def _gather(arrays: dict, name: str, rows: tf.Tensor):
     return tf.gather(arrays[name], rows)
 
 
-def _remove_stale(directory: str) -> None:
-    """Removes the temp dirs of writers that are no longer running."""
+def _crc(manifest: dict) -> int:
+    """The CRC-32 of a manifest's fields (its own `crc32` left out)."""
+    return zlib.crc32(json.dumps(manifest, sort_keys=True).encode())
+
+
+def _remove_stale(directory: str, others: bool) -> None:
+    """Removes the temp dirs of writers that are no longer running, and with `others` the
+    caches of other keys (the model dir's own `cache/`: its old caches, e.g. of files
+    changed since)."""
     for name in os.listdir(directory):
+        if others and name.startswith("train-"):
+            shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+            continue
         if not name.startswith(".tmp-"):
             continue
         try:

@@ -236,14 +236,22 @@ class LocalRunner:
                 "the checkpoint's input position was read from an input cache of CSV or "
                 "TFRecord files, and this config reads none; train a new model dir"
             )
+        changed = (
+            f"data.train: the files changed since the checkpoint was written in epoch {epoch + 1} "
+            "({}), so its position cannot resume; put the files back, or train a new model dir"
+        )
+        if not self.cache.holds_contents_of(resumed):  # before anything is parsed
+            raise DataError(changed.format("other contents"))
         self.cache.load()
         if not self.cache.fits(resumed):
-            raise DataError(
-                f"data.train: the files changed since the checkpoint was written in epoch {epoch + 1} "
-                "(other numbers of records), so its position cannot resume; put the files back, "
-                "or train a new model dir"
-            )
+            raise DataError(changed.format("other numbers of records"))
         return True
+
+    def close(self) -> None:
+        """Releases the input cache (its memory and files) at the end of a run that its
+        step count ended (an epoch-count run releases it after its last pass)."""
+        if self.cache is not None:
+            self.cache.close()
 
     def epoch_reports(self, epoch: int, target: int | None) -> Iterator[StepReport]:
         """The steps of the rest of the epoch (or to `target` steps)."""

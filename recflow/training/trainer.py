@@ -269,6 +269,8 @@ class Trainer:
             resumed = False
             if steps is not None and self.model.global_step >= steps:
                 self.interrupted = None  # a signal during the last step: the run is complete
+                if local:
+                    runner.close()
                 break
             if self.stop_requested:
                 break
