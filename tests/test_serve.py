@@ -190,6 +190,34 @@ def test_a_malformed_delta_is_refused_and_changes_nothing(trained):
     np.testing.assert_array_equal(serve(**feed)["probability"].numpy(), before)
 
 
+def test_a_request_runs_the_signature_it_names(tmp_path):
+    """A retrieval export's `candidate` signature takes the candidate side's columns only:
+    `signature_name` picks it (every request ran `serving_default`, the query side)."""
+    import tensorflow as tf
+
+    from recflow.serve.app import BadRequest, parse_request
+    from recflow.serve.state import Served
+
+    query = tf.function(lambda user: {"embedding": tf.cast(user[:, None], tf.float32) * [1.0, 0.0]},
+                        input_signature=[tf.TensorSpec([None], tf.int64, name="user")]).get_concrete_function()
+    candidate = tf.function(lambda item: {"embedding": tf.strings.to_number(item)[:, None] * [0.0, 1.0]},
+                            input_signature=[tf.TensorSpec([None], tf.string, name="item")]).get_concrete_function()
+    signatures = {"serving_default": query, "query": query, "candidate": candidate}
+    tf.saved_model.save(tf.Module(), str(tmp_path / "export"), signatures=signatures)
+    loaded = tf.saved_model.load(str(tmp_path / "export"))  # signatures take keyword inputs
+    served = Served(7, "", loaded, dict(loaded.signatures), "")
+    name, feed, rows = parse_request(json.dumps({"signature_name": "candidate", "instances": [{"item": "2"}]}).encode(),
+                                     served.signatures)
+    assert (name, rows) == ("candidate", True)
+    np.testing.assert_array_equal(served.predict(feed, name)["embedding"], [[0.0, 2.0]])
+    name, feed, _ = parse_request(json.dumps({"inputs": {"user": [3]}}).encode(), served.signatures)
+    np.testing.assert_array_equal(served.predict(feed, name)["embedding"], [[3.0, 0.0]])
+    with pytest.raises(BadRequest, match=r"instances\[0\]\.user: missing feature"):
+        parse_request(json.dumps({"signature_name": "query", "instances": [{"item": "2"}]}).encode(), served.signatures)
+    with pytest.raises(BadRequest, match='no signature "nope" \\(this model has: candidate, query, serving_default\\)'):
+        parse_request(json.dumps({"signature_name": "nope", "instances": [{"item": "2"}]}).encode(), served.signatures)
+
+
 # ----------------------------------------------------------------------------- the server
 
 def free_port():
@@ -409,11 +437,16 @@ def test_bad_requests_get_400_naming_the_field(trained, tmp_path):
             ({"inputs": {"user": [1], "item": ["a"]}}, "inputs.price: missing feature"),
             ({"inputs": {"user": [1, 2], "item": ["a"], "price": [1.0, 2.0]}}, "inputs.item: 1 values"),
             (b"{not json", "body: not JSON"),
+            ({"signature_name": "candidate", "instances": [good]},
+             'signature_name: no signature "candidate" (this model has: serving_default)'),
         ]
         for body, message in cases:
             status, out = http(port, "/v1/models/m:predict", body)
             assert status == 400 and out["error"].startswith(message), (body, out)
         assert http(port, "/v1/models/other:predict", {"instances": [good]})[0] == 404
+        for name in ("serving_default", ""):  # named, or TF Serving's empty default
+            status, out = http(port, "/v1/models/m:predict", {"signature_name": name, "instances": [good]})
+            assert status == 200 and len(out["predictions"]) == 1, out
         # 100k rows in one request are answered, equal to the export's own answer.
         n = 100_000
         big = {"user": np.arange(n, dtype=np.int64) % 20, "item": np.array([f"i{k % 40}" for k in range(n)], dtype=object),

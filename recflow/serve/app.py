@@ -1,8 +1,9 @@
 """The REST app: TF Serving's predict / status / metadata API, health and metrics.
 
 Each `:predict` request is parsed, checked and run in a worker thread, as one
-call of the served model's `serving_default` (no micro-batching: see
-docs/serving.md for the measurement). Nothing here changes the model.
+call of the signature it names (`signature_name`, by default `serving_default`;
+no micro-batching: see docs/serving.md for the measurement). Nothing here
+changes the model.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 << 20  # a larger request gets 413 (100k CSV-like rows take ~10 MB)
 _PATH = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<verb>:predict|/metadata)?$")
 _DTYPES = {"int64": "DT_INT64", "float32": "DT_FLOAT", "string": "DT_STRING"}
+DEFAULT_SIGNATURE = "serving_default"
 
 
 class BadRequest(Exception):
@@ -66,14 +68,24 @@ def _column(values: list, name: str, dtype, where) -> np.ndarray:
     return np.array([math.nan if v is None else v for v in values], dtype=np.float32)
 
 
-def parse_request(body: bytes, specs: dict) -> tuple[dict, bool]:
-    """(feed: feature name -> numpy column, row format?) from a predict request body."""
+def parse_request(body: bytes, signatures: dict) -> tuple[str, dict, bool]:
+    """(signature name, feed: feature name -> numpy column, row format?) from a predict
+    request body; `signatures`: the served model's, by name."""
     try:
         request = json.loads(body)
     except ValueError as exc:
         raise BadRequest(f"body: not JSON ({exc})") from None
     if not isinstance(request, dict) or ("instances" in request) == ("inputs" in request):
         raise BadRequest("body: expected an object with either `instances` or `inputs`")
+    name = request.get("signature_name") or DEFAULT_SIGNATURE  # TF Serving: "" is the default
+    if not isinstance(name, str) or name not in signatures:
+        known = ", ".join(sorted(signatures))
+        raise BadRequest(f"signature_name: no signature {json.dumps(name)} (this model has: {known})")
+    return name, *_feed(request, signatures[name].structured_input_signature[1])
+
+
+def _feed(request: dict, specs: dict) -> tuple[dict, bool]:
+    """(feed, row format?) of a request's `instances` or `inputs` for a signature's specs."""
     if "instances" in request:
         rows = request["instances"]
         if not isinstance(rows, list):
@@ -181,16 +193,16 @@ def build_app(follower: ModelFollower, model_name: str) -> Starlette:
         match, served = found
         if match["verb"] == "/metadata":
             requests.labels("metadata", "200").inc()
-            signature = served.signature
-            specs = signature.structured_input_signature[1]
-            outputs = signature.structured_outputs
             return JSONResponse({
                 "model_spec": {"name": model_name, "signature_name": "", "version": str(served.version)},
-                "metadata": {"signature_def": {"signature_def": {"serving_default": {
-                    "inputs": {k: _tensor_info(s, k) for k, s in specs.items()},
-                    "outputs": {k: _tensor_info(s, k) for k, s in outputs.items()},
-                    "method_name": "tensorflow/serving/predict",
-                }}}},
+                "metadata": {"signature_def": {"signature_def": {
+                    name: {
+                        "inputs": {k: _tensor_info(s, k) for k, s in fn.structured_input_signature[1].items()},
+                        "outputs": {k: _tensor_info(s, k) for k, s in fn.structured_outputs.items()},
+                        "method_name": "tensorflow/serving/predict",
+                    }
+                    for name, fn in sorted(served.signatures.items())
+                }}},
                 "recflow": {"step": served.step, "delta_sequence": served.sequence},
             })
         if match["verb"] is not None:
@@ -217,9 +229,8 @@ def build_app(follower: ModelFollower, model_name: str) -> Starlette:
                 return error(413, f"body: more than {MAX_BODY_BYTES} bytes", "predict")
 
         def run():
-            specs = served.signature.structured_input_signature[1]
-            feed, rows = parse_request(body, specs)
-            return json.dumps(_response(served.predict(feed), rows))
+            name, feed, rows = parse_request(body, served.signatures)
+            return json.dumps(_response(served.predict(feed, name), rows))
 
         try:
             text = await run_in_threadpool(run)

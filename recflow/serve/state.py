@@ -87,18 +87,23 @@ class Served:
     version: int  # the export's version (its step)
     path: str
     module: object  # what tf.saved_model.load returned
-    signature: object  # its serving_default
+    signatures: dict  # its signatures by name (`serving_default`; a retrieval model's `query`, `candidate`)
     fingerprint: str  # sha256 of its structure.json (canonical JSON)
     step: int = 0  # the step it serves now (the last applied delta's)
     sequence: int | None = None  # the last applied delta's sequence number
     delta_written_at: float | None = None  # when the last applied delta was written
     lock: RWLock = field(default_factory=RWLock)
 
-    def predict(self, feed: dict) -> dict:
-        """Runs serving_default on `feed` (name -> tensor) under the read lock (numpy out)."""
+    @property
+    def signature(self):
+        """The `serving_default` signature."""
+        return self.signatures["serving_default"]
+
+    def predict(self, feed: dict, name: str = "serving_default") -> dict:
+        """Runs signature `name` on `feed` (name -> tensor) under the read lock (numpy out)."""
         self.lock.acquire_read()
         try:
-            out = self.signature(**feed)
+            out = self.signatures[name](**feed)
             return {k: v.numpy() for k, v in out.items()}
         finally:
             self.lock.release_read()
@@ -119,12 +124,12 @@ def load_export(path: str) -> Served:
     if not hasattr(module, "apply_delta"):
         logger.warning("%s has no apply_delta (exported by an older recflow): deltas are not applied", path)
     version = int(os.path.basename(path.rstrip("/")))
-    return Served(version, path, module, module.signatures["serving_default"], fingerprint,
+    return Served(version, path, module, dict(module.signatures), fingerprint,
                   step=int(module.global_step.numpy()))
 
 
 def warm_up(served: Served) -> None:
-    """Calls a loaded export's `serving_default` and `apply_delta` once each before it is
+    """Calls a loaded export's signatures and `apply_delta` once each before it is
     served, changing nothing.
 
     The first call of a loaded function instantiates (optimizes) its graph: ~0.1 s
@@ -139,11 +144,11 @@ def warm_up(served: Served) -> None:
     """
     import tensorflow as tf
 
-    specs = served.signature.structured_input_signature[1]
     empty = {tf.int64: -1, tf.string: "", tf.float32: float("nan")}
-    for rows in (1, 256):
-        served.signature(**{k: tf.fill([rows], tf.constant(empty[s.dtype], s.dtype))
-                            for k, s in specs.items()})
+    for signature in served.signatures.values():
+        specs = signature.structured_input_signature[1]
+        for rows in (1, 256):
+            signature(**{k: tf.fill([rows], tf.constant(empty[s.dtype], s.dtype)) for k, s in specs.items()})
     if not hasattr(served.module, "apply_delta"):
         return
     spec = served.module.apply_delta.structured_input_signature[0][0]
