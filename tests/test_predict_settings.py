@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import yaml
 
@@ -54,3 +55,49 @@ def test_stderr_is_clean_when_tensorflow_loads(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
+
+
+def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
+    """A float64 column of a string feature (what pandas writes for ids with a missing
+    value) keys its rows by the text TF writes (1005.0 -> "1005.000000"); predict fed
+    str(v) ("1005.0"), an unseen id for every row. A float64 column for an int64 input is
+    refused, as training refuses it (it was cut to an integer)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from recflow.config import load_config
+    from recflow.data import make_dataset
+    from recflow.errors import DataError
+
+    n = 16
+    table = pa.table({
+        "shop": pa.array([1005.0 + i % 4 for i in range(n)], pa.float64()),
+        "user": pa.array([i % 5 for i in range(n)], pa.int64()),
+        "y": pa.array([float(i % 2) for i in range(n)], pa.float64()),
+    })  # fmt: skip
+    data = str(tmp_path / "d.parquet")
+    pq.write_table(table, data)
+    raw = {
+        "data": {"format": "parquet", "train": data, "label": "y", "batch_size": 8, "shuffle": False},
+        "features": [{"name": "shop", "kind": "categorical"},
+                     {"name": "user", "kind": "categorical", "dtype": "int64"}],
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
+    }  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    assert main(["train", str(config), "--quiet"]) == 0
+    export = str(tmp_path / "run" / "export" / max(os.listdir(tmp_path / "run" / "export"), key=int))
+    got = np.array([float(v) for v in predict_file(export, data)])
+    # The training reader's own raw columns, fed to the export.
+    batches = list(make_dataset(load_config(str(config)), "train", epochs=1, shuffle=False))
+    shops = np.concatenate([b[0]["shop"].numpy() for b in batches])
+    assert shops[0] == b"1005.000000"
+    serve = tf.saved_model.load(export).signatures["serving_default"]
+    expected = serve(shop=tf.constant(shops), user=tf.constant(table["user"].to_numpy()))
+    np.testing.assert_allclose(got, expected["probability"].numpy().reshape(-1), atol=1e-6)
+
+    floats = table.set_column(1, "user", pa.array([float(i % 5) for i in range(n)], pa.float64()))
+    pq.write_table(floats, data)
+    with pytest.raises(DataError, match="column 'user' holds float64 values, but input 'user' expects int64"):
+        list(predict_file(export, data))

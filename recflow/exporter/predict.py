@@ -97,14 +97,21 @@ def _read_csv(
     return columns, lines
 
 
-def _read_parquet(path: str, sources: dict[str, str]) -> dict[str, list]:
+def _read_parquet(path: str, sources: dict[str, str]) -> dict[str, list | np.ndarray]:
+    """Each input's column: a string column as a list, a typed one (numbers, bools) as a
+    numpy array of its own dtype, converted by `_typed` as the training reader does."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
+    out = {}
     for name, column in sources.items():
         if column not in table.column_names:
             raise DataError(f"{path}: missing column {column!r} (input {name!r} of the model)")
-    return {name: table.column(column).to_pylist() for name, column in sources.items()}
+        values = table.column(column)
+        typed = pa.types.is_integer(values.type) or pa.types.is_floating(values.type) or pa.types.is_boolean(values.type)
+        out[name] = values.to_numpy() if typed else values.to_pylist()
+    return out
 
 
 _INT64 = re.compile(INT64_TEXT)
@@ -112,9 +119,16 @@ _DIGITS = re.compile(DIGITS)
 _NUMBER = re.compile(NUMBER_OR_SPECIAL)
 
 
-def _typed(name: str, column: str, values: list, dtype: tf.DType, where: Callable) -> np.ndarray:
+def _typed(name: str, column: str, values, dtype: tf.DType, where: Callable) -> np.ndarray:
     """One input's values in its serving dtype, read as training reads them; a bad value
-    names its row (`where(index)`) and column."""
+    names its row (`where(index)`) and column. `values`: strings (a CSV or a Parquet
+    string column) or a typed Parquet column (a numpy array of numbers or bools)."""
+    if isinstance(values, np.ndarray):  # as `records.typed` reads a typed column
+        if dtype == tf.string:  # its text, as TF writes it: 1005.0 is "1005.000000"
+            return tf.strings.as_string(values).numpy().astype(object)
+        if dtype == tf.int64 and not np.issubdtype(values.dtype, np.integer):
+            raise DataError(f"{where(0)}: column {column!r} holds {values.dtype} values, but input {name!r} expects int64")
+        return values.astype(np.int64 if dtype == tf.int64 else np.float32)
     if dtype == tf.string:
         return np.array(["" if v is None else str(v) for v in values], dtype=object)
     floats = dtype == tf.float32
@@ -139,7 +153,7 @@ def _cut(values: list[str], feature: dict) -> list[str]:
     + 1 values before the serving graph splits them (as the training input does)."""
     limit = feature.get("max_values") or feature.get("max_len")
     separator = feature.get("separator")
-    if not limit or not separator:
+    if not limit or not separator or isinstance(values, np.ndarray):
         return values
     longest = (limit + 2) * (1 + len(separator)) - len(separator)
     return [
