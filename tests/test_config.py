@@ -324,6 +324,13 @@ BAD = [
     ("missing-kind", _delete("features.0.kind"), "features[0].kind", "missing"),
     ("missing-name", _delete("features.2.name"), "features[2].name", "required"),
     ("bad-name", _set("features.2.name", "a b"), "features[2].name", "'a b'"),
+    ("digit-name", _set("features.2.name", "1c"), "features[2].name", "must start with a letter, got '1c'"),
+    (
+        "names-one-in-a-signature",
+        _set("features.2.name", "Item-ID"),
+        "features[2].name",
+        "'Item-ID' and 'item_id' (features[1]) are one input name",
+    ),
     (
         "unknown-normalizer",
         _set("features.5.normalizer.type", "zscore"),
@@ -1039,7 +1046,7 @@ def test_largest_values_in_range_are_accepted(tmp_path):
 def test_strings_that_look_like_numbers_survive_dump_and_load(tmp_path):
     """The resolved config dumped to MODEL_DIR/config.yaml quotes `'1e5'`, so it reads back."""
     raw = base_raw()
-    raw["features"][2]["name"] = "1e5"
+    raw["features"][2]["column"] = "1e5"  # a feature name starts with a letter; a column may not
     config = config_from_dict(raw)
     path = str(tmp_path / "resolved.yaml")
     dump_config(config, path)

@@ -399,10 +399,18 @@ def check_references(config: Config) -> None:
     if not config.features:
         raise ConfigError("features", "expected at least one feature")
     seen: dict[str, int] = {}
+    signature_names: dict[str, int] = {}  # as an export's signature tells its inputs apart
     for i, f in enumerate(config.features):
         if f.name in seen:
             raise ConfigError(f"features[{i}].name", f"duplicate feature name {f.name!r}")
         seen[f.name] = i
+        other = signature_names.setdefault(f.name.lower().replace("-", "_"), i)
+        if other != i:
+            raise ConfigError(
+                f"features[{i}].name",
+                f"{f.name!r} and {config.features[other].name!r} (features[{other}]) are one input "
+                "name in an export's signature (it tells neither case nor '-' from '_' apart); rename one",
+            )
         if f.is_sparse and f.table is not None and f.table not in config.tables:
             known = ", ".join(sorted(config.tables)) or "none defined"
             raise ConfigError(f"features[{i}].table", f"no table {f.table!r} (tables: {known})")

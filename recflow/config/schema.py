@@ -402,6 +402,12 @@ class Feature:
     def validate(self) -> None:
         if not self.name or not self.name.replace("_", "a").replace("-", "a").isalnum():
             raise ConfigError("name", f"expected letters, digits, '_' or '-', got {self.name!r}")
+        if not self.name[0].isalpha():  # a SavedModel signature would call its input arg_<name>
+            raise ConfigError(
+                "name",
+                f"must start with a letter, got {self.name!r} (a feature may read column "
+                f"{self.name!r} with `column: {self.name}`)",
+            )
 
 
 @dataclass(frozen=True)
