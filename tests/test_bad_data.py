@@ -133,6 +133,37 @@ def test_positive_values_that_match_no_row_are_named_in_a_warning(tmp_path, caps
     assert "AUC is undefined" not in capsys.readouterr().err
 
 
+def test_a_non_integer_in_an_int64_multi_hot_is_a_bad_row(tmp_path, capsys):
+    """`tags: 0|x|3` in an int64 multi_hot: the transform's integer parse failed the run
+    (exit 1, 'StringToNumberOp could not correctly convert string: x')."""
+    rows = ["1,1.0,1|2,1", "2,2.0,3||4,0", "3,3.0,0|x|3,1", "4,4.0,,0", "5,5.0,-9,1"]
+    data = write(tmp_path, rows, header="user,price,tags,click")
+    tags = {"name": "tags", "kind": "multi_hot", "dtype": "int64", "dim": 4}
+    features = [
+        {"name": "user", "kind": "categorical", "dtype": "int64", "dim": 4},
+        {"name": "price", "kind": "numeric", "normalizer": {"type": "log1p"}},
+        tags,
+    ]
+    path = config(tmp_path, {"max_bad_fraction": 0.5}, features=features)
+    capsys.readouterr()
+    assert main(["train", path, "--quiet"]) == 0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["bad_records"] == 1 and metrics["examples"] == 4  # line 4, counted once
+    from recflow.training.tables import restore_engine
+
+    ids = restore_engine(str(tmp_path / "run")).logical_rows()["tags"].ids
+    assert sorted(ids.tolist()) == [-9, 1, 2, 3, 4]  # the bad row's 0 never trained
+    fails(capsys, ["train", config(tmp_path, {"on_bad_record": "fail"}, features=features), "--quiet",
+                   "--model-dir", str(tmp_path / "strict")],
+          f"{data}: line 4: column 'tags': expected int64 ids joined by '|', got '0|x|3'")  # fmt: skip
+    capsys.readouterr()
+    assert main(["data", "check", path, "--json"]) in (0, 2)
+    assert "'0|x|3'" in capsys.readouterr().out
+    export = tmp_path / "run" / "export"
+    fails(capsys, ["predict", str(export / os.listdir(export)[0]), data],
+          f"{data}: line 4: column 'tags' (input 'tags'): expected int64 ids joined by '|', got '0|x|3'")  # fmt: skip
+
+
 def test_header_without_rows_fails_before_training(tmp_path, capsys):
     data = write(tmp_path, [])
     fails(capsys, ["train", config(tmp_path), "--quiet"], f"{data}: no rows after the header line")

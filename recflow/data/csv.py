@@ -120,6 +120,7 @@ def line_parser(config: Config, header: Sequence[str], unit: str):
                 checks.append(check)
             if infinite is not None:
                 nonfinite.append(tf.cast(infinite, tf.int64))
+        checks += records.id_list_checks(config, decoded)
         keep, bad, deps = records.screen(
             checks,
             present,

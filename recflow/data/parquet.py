@@ -106,7 +106,7 @@ def dataset(
     def parse(keys, row, names):
         decoded = {use.key: records.typed(row[use.column], use, files[0]) for use in uses}
         keep, bad, deps = records.screen(
-            records.label_checks(config, decoded),
+            records.label_checks(config, decoded) + records.id_list_checks(config, decoded),
             tf.ones_like(keys, dtype=tf.bool),
             config.data.on_bad_record,
             records.locator(names, keys, "row"),

@@ -445,6 +445,26 @@ def label_checks(config: Config, decoded: dict) -> list[Check]:
     return checks
 
 
+def id_list_checks(config: Config, decoded: dict) -> list[Check]:
+    """Checks that every value of a multi_hot or sequence column of int64 ids is one (the
+    transform's integer parse would fail the whole input on `7|x`)."""
+    checks = []
+    for use in sources.needs(config):
+        if not use.ints:
+            continue
+        text = decoded[use.key]
+        checks.append(
+            (
+                tf.strings.regex_full_match(text, sources.int64_list(use.separator)),
+                lambda i, use=use, text=text: tf.strings.join(
+                    [f"column '{use.column}': expected int64 ids joined by '{use.separator}', got '",
+                     text[i], "'"]  # fmt: skip
+                ),
+            )
+        )
+    return checks
+
+
 def fatal_checks(config: Config, decoded: dict) -> list[Check]:
     """Checks whose failure stops the input whatever `data.on_bad_record` says:
     a label of a binary head is 0 or 1 (a 3 means the config maps the wrong column)."""

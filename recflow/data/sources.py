@@ -67,6 +67,8 @@ class Need:
         positive: for a label, the raw values (stripped) that are 1 (every other
             value is 0), or None for a numeric label.
         binary: a label of a binary head: any value other than 0 or 1 stops the input.
+        ints: a multi_hot or sequence feature of int64 ids: each of its values must be one
+            (a row holding another is bad).
     """
 
     column: str
@@ -76,11 +78,19 @@ class Need:
     positive: tuple[str, ...] | None = None
     binary: bool = False
     limit: int | None = None
+    ints: bool = False
 
     @property
     def key(self) -> tuple:
         """Identifies one decoded column; uses with equal keys share it."""
         return (self.column, self.kind, self.separator, self.positive, self.limit)
+
+
+def int64_list(separator: str) -> str:
+    """The pattern of a multi_hot or sequence column of int64 ids: `INT64_TEXT` values
+    joined by `separator`, empty ones allowed (the transform drops them)."""
+    sep = re.escape(separator)
+    return rf"(?:{INT64_TEXT})?(?:{sep}(?:{INT64_TEXT})?)*"
 
 
 def leading_values(text: str, separator: str, limit: int) -> list[str]:
@@ -101,6 +111,7 @@ def needs(config: Config) -> list[Need]:
             f"feature '{f.name}'",
             f.value_separator,
             limit=f.value_limit,
+            ints=f.value_separator is not None and f.dtype == INT64,
         )
         for f in config.features
     ]

@@ -92,7 +92,7 @@ def dataset(
         decoded = {use.key: records.typed(parsed[use.column], use, files[0]) for use in uses}
         present = tf.ones_like(keys, dtype=tf.bool)
         keep, bad, deps = records.screen(
-            records.label_checks(config, decoded),
+            records.label_checks(config, decoded) + records.id_list_checks(config, decoded),
             present,
             config.data.on_bad_record,
             records.locator(names, keys, "record"),

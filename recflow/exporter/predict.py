@@ -29,6 +29,7 @@ from recflow.data.sources import (
     NUMBER_OR_SPECIAL,
     csv_reader,
     delimiter_hint,
+    int64_list,
     leading_values,
     not_text,
 )
@@ -148,6 +149,21 @@ def _typed(name: str, column: str, values, dtype: tf.DType, where: Callable) -> 
     return out
 
 
+def _check_id_list(name: str, column: str, values: np.ndarray, feature: dict, where: Callable) -> None:
+    """A multi_hot or sequence input of int64 ids holds int64 ids only (as training
+    checks: `records.id_list_checks`); else the row is named."""
+    separator = feature.get("separator")
+    if feature.get("dtype") != "int64" or feature.get("kind") not in ("multi_hot", "sequence") or not separator:
+        return
+    pattern = re.compile(int64_list(separator))
+    for i, v in enumerate(values):
+        if not pattern.fullmatch(v.strip()):
+            raise DataError(
+                f"{where(i)}: column {column!r} (input {name!r}): expected int64 ids joined by "
+                f"{separator!r}, got {v!r}"
+            )
+
+
 def _cut(values: list[str], feature: dict) -> list[str]:
     """A multi_hot / sequence input's values cut to their first `max_values` / `max_len`
     + 1 values before the serving graph splits them (as the training input does)."""
@@ -199,6 +215,8 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
         n: _typed(n, sources[n], _cut(raw[n], features.get(n, {})), specs[n].dtype, where)
         for n in sources
     }
+    for n, values in columns.items():
+        _check_id_list(n, sources[n], values, features.get(n, {}), where)
     outputs = sorted(serve.structured_outputs)
     if len(outputs) > 1:
         yield ",".join(outputs)
