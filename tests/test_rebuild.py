@@ -92,7 +92,7 @@ def expected_survivors(engine, rows: dict, max_keys: int | None) -> np.ndarray:
         return keep
     shards = engine.placement.num_shards
     shard = engine.placement.shard_of(encode(tf.constant(rows["ids"]), 0)).numpy()
-    limit = -(-max_keys // shards)
+    limit = max_keys // shards  # rounded down: the table never holds more than max_keys
     out = np.zeros_like(keep)
     for s in range(shards):
         mine = np.flatnonzero(keep & (shard == s))
@@ -134,7 +134,7 @@ def counter_contents(engine) -> dict:
 
 
 @pytest.mark.parametrize(("shards", "traced"), [(1, False), (3, False), (3, True)])
-@pytest.mark.parametrize("max_keys", [None, 1500])
+@pytest.mark.parametrize("max_keys", [None, 1501])  # 3 shards: 500 each (501 each held 1503)
 def test_rebuild_keeps_exactly_the_survivors(shards, traced, max_keys, tmp_path):
     engine = make_engine(shards, max_keys, traced=traced)
     table = engine.physical_tables[0]
@@ -152,6 +152,7 @@ def test_rebuild_keeps_exactly_the_survivors(shards, traced, max_keys, tmp_path)
     evicted, gone = engine.rebuild_tracked(STEP)
 
     keep = expected_survivors(engine, rows, max_keys)
+    assert max_keys is None or keep.sum() <= max_keys
     assert evicted == {table.spec.name: int((~keep).sum())}
     np.testing.assert_array_equal(gone["t"], np.sort(rows["ids"][~keep]))
     assert_rows(engine, rows, keep)

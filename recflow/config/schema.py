@@ -715,7 +715,7 @@ class EvictionConfig:
 
     Attributes:
         ttl_steps: remove rows (and waiting admission counters) unseen for this many steps.
-        max_keys: keep at most this many rows, the most frequent first (then the most recent).
+        max_keys: keep at most this many rows, the most frequent first (then the most recent); each of N shards keeps max_keys // N.
     """
 
     ttl_steps: int | None = None

@@ -174,8 +174,9 @@ class _PhysicalTable(tf.Module):
         if policy.ttl_steps is not None:
             keep = last > tf.cast(step, tf.int32) - policy.ttl_steps
         if policy.max_keys is not None:
-            # Each shard keeps its share of max_keys: least frequent, then oldest, out first.
-            limit = -(-policy.max_keys // self.rows.num_shards)
+            # Each shard keeps its share of max_keys, rounded down (the table never holds
+            # more; at least one row a shard): least frequent, then oldest, out first.
+            limit = max(policy.max_keys // self.rows.num_shards, 1)
             score = tf.bitwise.bitwise_or(
                 tf.bitwise.left_shift(tf.cast(count, tf.int64), 32), tf.cast(last, tf.int64)
             )
