@@ -310,8 +310,7 @@ class Cluster:
 
     @staticmethod
     def _announce(message: str) -> None:
-        logger.warning("%s", message)
-        print(f"recflow launch: {message}", file=sys.stderr, flush=True)
+        logger.warning("%s", message)  # the CLI prints it once: `recflow: warning: ...`
 
     def _restart(self, task: Task, why: str) -> None:
         self._failed(task)

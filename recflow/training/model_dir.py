@@ -224,9 +224,11 @@ class ModelDir(Layout):
         engine = self.model.embedding
         saved = reshard.saved_shards(checkpoint)
         if saved and saved != engine.placement.num_shards:
-            self._status(
-                f"Resharding the tables of {os.path.basename(checkpoint)}: "
-                f"{saved} -> {engine.placement.num_shards} shards"
+            # A warning, not a status line: a launched chief runs quiet, and its log must
+            # tell that the cluster's size changed.
+            logger.warning(
+                "Resharding the tables of %s: %d -> %d shards",
+                os.path.basename(checkpoint), saved, engine.placement.num_shards,
             )
             reshard.reshard(engine, checkpoint)
 
