@@ -163,6 +163,29 @@ def test_deltas_applied_to_an_export_match_the_full_export(trained, tmp_path, st
     assert evicted and evicted <= set(held["item"])
 
 
+def test_the_last_steps_delta_and_export_hold_the_same_rows(trained, tmp_path):
+    """The run ends at step 12, a delta step but no checkpoint step: the final checkpoint
+    must not evict after the delta (the chain to 12 held the rows evicted there, the
+    export at 12 did not)."""
+    base, rows, _ = trained
+    (tmp_path / "train.csv").write_bytes((base / "train.csv").read_bytes())
+    model_dir = tmp_path / "run"
+    sets = ["--set", "train.checkpoint_every_steps=5", "--set", "export.every_steps=5"]
+    assert main(["train", write_config(tmp_path, model_dir), "--quiet", *sets]) == 0
+    assert sorted(os.listdir(model_dir / "export"), key=int) == ["5", "10", "12"] and (model_dir / "deltas" / "12").is_dir()
+    # Items last seen at step 9 are stale (ttl 3) at 12: the final checkpoint would evict them.
+    step = np.arange(len(rows["item"])) // BATCH + 1
+    stale = {i for i in set(rows["item"]) if step[rows["item"] == i].max() <= STEPS - TTL}
+    assert stale - {i for i in set(rows["item"]) if step[rows["item"] == i].max() <= 10 - TTL}
+    held = held_out_rows(rows)
+    np.savez(tmp_path / "rows.npz", **held)
+    subprocess.run([sys.executable, str(APPLY_WITHOUT_RECFLOW), str(model_dir), "10",
+                    str(tmp_path / "rows.npz"), str(tmp_path / "out.npz")], check=True)
+    out = np.load(tmp_path / "out.npz")
+    assert int(out["step"]) == STEPS
+    assert np.max(np.abs(out["applied"] - out["full"])) <= 1e-6
+
+
 def test_a_malformed_delta_is_refused_and_changes_nothing(trained):
     """`apply_delta` checks every table's lengths before its first write: a delta whose
     values and ids differ in length for one table fails naming it, and the export's

@@ -246,9 +246,14 @@ class ModelDir(Layout):
 
     def save_checkpoint(self, evict: bool = True) -> str:
         """Runs the lifecycle rebuild (unless `evict` is False: done already), then writes
-        a checkpoint of everything; a save that raises (a full disk) leaves nothing staged."""
+        a checkpoint of everything; a save that raises (a full disk) leaves nothing staged.
+
+        No rebuild follows a delta of the same step (a run's last step, a followed file's
+        end): the delta holds the step's rows, and so must the checkpoint and the export
+        of that step, or the chain applied to an export would differ from the export at
+        the same step. Those rows go at the next scheduled eviction, in the next delta."""
         step = int(self.model.global_step)
-        if evict:
+        if evict and int(self.deltas.step) != step:
             self.evict()
         try:
             path = self._manager.save(checkpoint_number=step)
