@@ -216,6 +216,37 @@ def test_bad_messages_are_counted_as_bad_rows(broker, tmp_path, fmt):
     assert saved_offsets(str(tmp_path / "run")) == {topic: {"0": 65}}
 
 
+def test_offsets_past_a_recreated_partitions_end_stop_the_run(broker, tmp_path, capsys):
+    """The broker restarted empty and the topic came back with 10 messages: the checkpoint's
+    offset 320 lies past its end. Tansu answers a fetch there with nothing (no
+    OFFSET_OUT_OF_RANGE): the run waited, then skipped offsets 10..319 once more arrived."""
+    broker.create_topic("shrunk", 1)
+    broker.produce("shrunk", lines(0, 320))
+    model_dir = str(tmp_path / "run")
+    config = write_config(tmp_path / "c.yaml", broker.servers, "shrunk", model_dir, connect_timeout_s=3)
+    proc = procs.Popen(command(config, "--set", "train.checkpoint_every_steps=1"), env=ENV,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        while polled_offsets(model_dir) != {"shrunk": {"0": 320}}:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    broker.stop()
+    broker.start()
+    broker.create_topic("shrunk", 1)
+    broker.produce("shrunk", lines(320, 10))
+    capsys.readouterr()
+    assert main(["train", config, "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("recflow: data.kafka: shrunk partition 0: offset 320 is past the partition's end (10) "
+                       "for 3 s (data.kafka.connect_timeout_s); stopped with a checkpoint")
+    assert saved_offsets(model_dir) == {"shrunk": {"0": 320}}  # nothing skipped
+
+
 def test_a_broker_that_is_down_and_a_missing_topic_are_one_line_exit_2(broker, tmp_path, capsys):
     from kafka_broker import free_port
 

@@ -343,6 +343,7 @@ class KafkaSource:
             if now - high_checked >= 1.0:
                 high_checked = now
                 self._watermarks()
+                trouble = trouble or self._past_the_end()
             caught_up = set(self._assigned) <= self._eof
             if len(values) >= self.batch_size or (
                 values and caught_up and now - idle_since >= opts.poll_timeout_ms / 1000
@@ -387,6 +388,17 @@ class KafkaSource:
             if offset >= 0:
                 high[(topic, partition)] = offset
         self.high = high
+
+    def _past_the_end(self) -> str | None:
+        """A partition whose next offset lies past its high watermark: the broker lost
+        messages it had served (a topic recreated, a memory broker restarted empty). Some
+        brokers (Tansu) answer a fetch there with nothing rather than OFFSET_OUT_OF_RANGE:
+        the run would wait, then skip every message up to that offset without a word."""
+        for (topic, partition), position in self._fetched.items():
+            high = self.high.get((topic, partition))
+            if high is not None and position > high:
+                return f"{topic} partition {partition}: offset {position} is past the partition's end ({high})"
+        return None
 
     def lag(self, trained: Offsets) -> int | None:
         """Messages fetched-known but not trained: the sum over partitions of the high
