@@ -202,6 +202,14 @@ def _delete(path: str):
     return mutate
 
 
+def _all(*mutations):
+    def mutate(raw):
+        for m in mutations:
+            m(raw)
+
+    return mutate
+
+
 # (id, mutation, error path, message fragment)
 BAD = [
     ("string-dim", _set("features.2.dim", "8"), "features[2].dim", "expected an integer, got '8'"),
@@ -391,6 +399,19 @@ BAD = [
         "no feature 'nobody'",
     ),
     ("multitask-without-tasks", _set("task.type", "multitask"), "task.tasks", "required"),
+    (
+        "two-tasks-one-label",  # trained, then every evaluation failed (labels appended twice)
+        _all(_set("task.type", "multitask"), _delete("data.label"),
+             _set("task.tasks", [{"name": "a", "label": "click"}, {"name": "b", "label": "click", "type": "regression"}])),
+        "task.tasks[1].label",
+        "'click' is also task 'a''s label",
+    ),
+    (
+        "group-by-multi-hot",  # gauc came out null
+        _all(_set("task.metrics", ["auc", "gauc"]), _set("task.group_by", "tags")),
+        "task.group_by",
+        "'tags' is a multi_hot feature",
+    ),
     (
         "tasks-without-multitask",
         _set("task.tasks", [{"name": "a", "label": "click"}]),

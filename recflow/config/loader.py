@@ -448,6 +448,13 @@ def check_references(config: Config) -> None:
         names = [t.name for t in config.task.tasks]
         if len(set(names)) != len(names):
             raise ConfigError("task.tasks", "task names must be unique")
+        for i, t in enumerate(config.task.tasks):
+            other = next(o for o in config.task.tasks if o.label == t.label)
+            if other is not t:
+                raise ConfigError(
+                    f"task.tasks[{i}].label",
+                    f"{t.label!r} is also task {other.name!r}'s label; each task reads its own label column",
+                )
         if config.data.label and set(config.data.label) != set(labels):
             raise ConfigError(
                 "data.label",
@@ -463,6 +470,9 @@ def check_references(config: Config) -> None:
     group_by = config.task.group_by
     if group_by is not None and group_by not in seen:
         raise ConfigError("task.group_by", f"no feature {group_by!r}")
+    if group_by is not None and config.features[seen[group_by]].kind in ("multi_hot", "sequence"):
+        kind = config.features[seen[group_by]].kind
+        raise ConfigError("task.group_by", f"{group_by!r} is a {kind} feature (several ids a row); group by one id a row")
 
 
 def dump_config(config: Config, path: str) -> None:
