@@ -197,3 +197,53 @@ def test_a_model_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkey
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{model_dir}: not writable" in err
+
+
+TOWER = """
+import tensorflow as tf
+import tf_keras as keras
+
+from recflow.models import RankingModel
+
+
+class Tiny(RankingModel):
+    def __init__(self, config, hidden=3, **kwargs):
+        super().__init__(config, **kwargs)
+        self.hidden = keras.layers.Dense(WIDTH, activation="relu")
+        self.head = keras.layers.Dense(1)
+
+    def tower(self, inputs, training=False):
+        x = tf.concat(self.pooled(inputs) + [self.numeric(inputs)], axis=-1)
+        return self.head(EXTRA(self.hidden(x)))
+"""
+
+
+@pytest.mark.parametrize(
+    "width, extra, expected",
+    [
+        ("hidden", "self.more", "dense.more/kernel: absent in"),  # a layer added, same params
+        ("2 * hidden", "", "dense.hidden/kernel: [9, 3] in"),  # a width changed: was a traceback
+    ],
+)
+def test_a_tower_whose_code_changed_is_refused_naming_its_weights(tmp_path, capsys, monkeypatch, width, extra, expected):
+    import sys
+
+    from test_cli_errors import HEADER, ROWS, tiny_config, write_config, write_csv
+
+    write_csv(tmp_path, [HEADER, *ROWS])
+    name = f"identity_tower_{len(extra)}"  # one module name a case: a process caches modules
+    module = tmp_path / f"{name}.py"
+    module.write_text(TOWER.replace("WIDTH", "hidden").replace("EXTRA", ""))
+    raw = tiny_config(tmp_path)
+    raw["model"] = {"type": f"{name}:Tiny"}
+    config = write_config(tmp_path, raw)
+    assert main(["train", config, "--quiet"]) == 0, capsys.readouterr().err
+    changed = TOWER.replace("WIDTH", width).replace("EXTRA", extra)
+    if extra:
+        changed = changed.replace("self.head = ", "self.more = keras.layers.Dense(3)\n        self.head = ")
+    module.write_text(changed)
+    monkeypatch.delitem(sys.modules, name)  # the changed code is imported again
+    capsys.readouterr()
+    assert main(["evaluate", config]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and expected in lines[0] and "variables mean" in lines[0], lines

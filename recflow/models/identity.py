@@ -13,6 +13,11 @@ meaning of the variables:
 - `model`: class and params (without a layer's `dtype` that keeps float32 weights:
   a DNN's `mixed_bfloat16` only changes how it computes); `task`: type and heads;
   the dense optimizer type;
+- `dense`: each trainable dense weight's shape by its attribute path (`dense_paths`):
+  a tower whose code changed (a layer added, a width changed) with the same params
+  would otherwise restore part of the checkpoint into the rest of the model, with fresh
+  weights where the code added them. A structure recorded before it was kept has none:
+  then it is not compared;
 - `parameter_servers`: the number of shards every table is split into, recorded
   but not compared: a checkpoint resumed on another count has its rows moved to
   their new shards as it is restored (`recflow.embedding.reshard`).
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+import tensorflow as tf
 
 from recflow.errors import RecflowError
 from recflow.layers.dnn import DTYPES as DNN_DTYPES
@@ -57,8 +64,24 @@ def structure(model) -> dict:
             "heads": {t.name: {"label": t.label, "type": t.type} for t in task.tasks},
         },
         "dense_optimizer": _dense_optimizer(config.train.optimizer.type),
+        "dense": {path: v.shape.as_list() for path, v in sorted(dense_paths(model).items()) if v.trainable},
         "parameter_servers": engine.placement.num_shards,
     }
+
+
+def dense_paths(model) -> dict[str, tf.Variable]:
+    """The model's variables outside the embedding engine, each under one stable path:
+    its shortest attribute path without Keras's private tracking lists (layer names
+    such as `dense_3` depend on what else the process built; attribute paths do not)."""
+    best: dict[int, tuple] = {}
+    for path, variable in model._flatten(predicate=lambda v: isinstance(v, tf.Variable), with_path=True):
+        if not path or path[0] in ("embedding", "optimizer"):
+            continue
+        private = sum(1 for p in path if isinstance(p, str) and p.startswith("_"))
+        rank = (private, len(path), tuple(map(str, path)))
+        if id(variable) not in best or rank < best[id(variable)][0]:
+            best[id(variable)] = (rank, "/".join(map(str, path)), variable)
+    return {name: variable for _, name, variable in best.values()}
 
 
 # Recorded, but free to change on resume: the restore adapts to them.
@@ -110,7 +133,10 @@ def differences(saved: dict, current: dict, prefix: str = "") -> list[tuple[str,
 
 
 def changes(saved: dict, current: dict) -> list[tuple[str, Any, Any]]:
-    """`differences` that change what the variables mean (not `parameter_servers`)."""
+    """`differences` that change what the variables mean (not `parameter_servers`; not
+    `dense` when `saved` was recorded without it)."""
+    if "dense" not in saved:
+        current = {k: v for k, v in current.items() if k != "dense"}
     return [c for c in differences(saved, current) if c[0] not in _ELASTIC]
 
 

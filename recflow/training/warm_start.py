@@ -65,19 +65,8 @@ def _source_model(source: str):
 
 
 def variable_paths(model) -> dict[str, tf.Variable]:
-    """The model's variables outside the embedding engine, each under one stable path:
-    its shortest attribute path without Keras's private tracking lists."""
-    best: dict[int, tuple] = {}
-    for path, variable in model._flatten(
-        predicate=lambda v: isinstance(v, tf.Variable), with_path=True
-    ):
-        if not path or path[0] == "embedding":
-            continue
-        private = sum(1 for p in path if isinstance(p, str) and p.startswith("_"))
-        rank = (private, len(path), tuple(map(str, path)))
-        if id(variable) not in best or rank < best[id(variable)][0]:
-            best[id(variable)] = (rank, "/".join(map(str, path)), variable)
-    return {name: variable for _, name, variable in best.values()}
+    """`identity.dense_paths`: the model's dense variables by stable attribute path."""
+    return identity.dense_paths(model)
 
 
 def id_dtypes(config) -> dict[str, str]:
