@@ -186,6 +186,29 @@ def test_the_last_steps_delta_and_export_hold_the_same_rows(trained, tmp_path):
     assert np.max(np.abs(out["applied"] - out["full"])) <= 1e-6
 
 
+@pytest.mark.parametrize("every", [None, 4])
+def test_a_delta_written_by_hand_continues_the_chain(trained, tmp_path, every):
+    """`recflow export --delta` writes a delta from a checkpoint without saving another:
+    the resumed run's next delta started again from the checkpoint's (two deltas of one
+    sequence number; without a schedule each was a full dump since step 0)."""
+    base, _, _ = trained
+    (tmp_path / "train.csv").write_bytes((base / "train.csv").read_bytes())
+    model_dir = tmp_path / "run"
+    config = write_config(tmp_path, model_dir, steps=6)
+    sets = ["--set", f"export.delta_every_steps={'null' if every is None else every}",
+            "--set", "export.every_steps=null", "--set", "train.checkpoint_every_steps=null"]
+    assert main(["train", config, "--quiet", *sets]) == 0
+    assert main(["export", config, "--delta", *sets]) == 0
+    assert main(["train", config, "--quiet", *sets, "--set", "train.steps=12"]) == 0
+    assert main(["export", config, "--delta", *sets]) == 0
+    chain = [(m["step"], m["since_step"], m["sequence"])
+             for m in (manifest(model_dir, s) for s in sorted(int(d) for d in os.listdir(model_dir / "deltas")))]
+    if every is None:
+        assert chain == [(6, 0, 1), (12, 6, 2)]
+    else:
+        assert chain == [(4, 0, 1), (6, 4, 2), (8, 6, 3), (12, 8, 4)]
+
+
 def test_a_malformed_delta_is_refused_and_changes_nothing(trained):
     """`apply_delta` checks every table's lengths before its first write: a delta whose
     values and ids differ in length for one table fails naming it, and the export's

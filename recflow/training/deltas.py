@@ -13,6 +13,7 @@ run resumed from a checkpoint writes the same deltas as one never stopped:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
@@ -82,6 +83,27 @@ class DeltaChain:
         self.step.assign(step)
         self.sequence.assign_add(1)
         self.pending.assign(b"")
+
+    def adopt(self, deltas_dir: str, step: int) -> bool:
+        """Takes the delta of `step` (the restored checkpoint's) into the chain when it
+        continues it but the checkpoint does not record it: `recflow export --delta` writes
+        one from a checkpoint without saving another. Without this, the next delta started
+        again from the checkpoint's: a second delta of the same sequence number. Returns
+        whether it was adopted."""
+        if step <= int(self.step):
+            return False
+        try:
+            with open(os.path.join(deltas_dir, str(step), "manifest.json"), encoding="utf-8") as f:
+                manifest = json.load(f)
+        except (OSError, ValueError):
+            return False  # none, or unreadable: a delta of this step is written again
+        if (manifest.get("step"), manifest.get("since_step"), manifest.get("sequence")) != (
+            step, int(self.step), int(self.sequence) + 1
+        ):
+            return False
+        self.advance(step)
+        logger.info("delta chain: deltas/%d (sequence %d) continues it", step, int(self.sequence))
+        return True
 
 
 def delta_steps(deltas_dir: str) -> list[int]:

@@ -177,6 +177,7 @@ class ModelDir(Layout):
             self._saved_step = int(model.global_step)
             logger.info("restored %s at step %d", latest, self._saved_step)
         set_aside_stale_deltas(self.deltas_dir, int(model.global_step))
+        self.deltas.adopt(self.deltas_dir, int(model.global_step))
         if self._record_config:  # only once the model dir's checkpoint is known to fit
             dump_config(self.config, self.config_path)
 
