@@ -17,6 +17,16 @@ from recflow.cli import main
 from recflow.exporter.predict import predict_file
 
 
+def _train_and_predict(tmp_path, raw: dict, data: str) -> tuple[str, str, np.ndarray]:
+    """Trains `raw` (its model dir `tmp_path/run`); returns (config path, newest export,
+    `predict_file`'s scores of `data`)."""
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    assert main(["train", str(config), "--quiet"]) == 0
+    export = str(tmp_path / "run" / "export" / max(os.listdir(tmp_path / "run" / "export"), key=int))
+    return str(config), export, np.array([float(v) for v in predict_file(export, data)])
+
+
 def test_predict_uses_the_training_csv_settings(tmp_path, capsys):
     rows = [f"{i};u{i % 3};{i * 0.5};{i % 2}" for i in range(8)]  # no header, ';'
     data = tmp_path / "d.txt"
@@ -33,11 +43,7 @@ def test_predict_uses_the_training_csv_settings(tmp_path, capsys):
         "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
         "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
     }  # fmt: skip
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    assert main(["train", str(config), "--quiet"]) == 0
-    export = str(tmp_path / "run" / "export" / max(os.listdir(tmp_path / "run" / "export"), key=int))
-    got = np.array([float(v) for v in predict_file(export, str(data))])
+    _, export, got = _train_and_predict(tmp_path, raw, str(data))
     serve = tf.saved_model.load(export).signatures["serving_default"]
     expected = serve(
         who=tf.constant([f"u{i % 3}" for i in range(8)]),
@@ -84,11 +90,7 @@ def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
         "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
         "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
     }  # fmt: skip
-    config = tmp_path / "c.yaml"
-    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
-    assert main(["train", str(config), "--quiet"]) == 0
-    export = str(tmp_path / "run" / "export" / max(os.listdir(tmp_path / "run" / "export"), key=int))
-    got = np.array([float(v) for v in predict_file(export, data)])
+    config, export, got = _train_and_predict(tmp_path, raw, data)
     # The training reader's own raw columns, fed to the export.
     batches = list(make_dataset(load_config(str(config)), "train", epochs=1, shuffle=False))
     shops = np.concatenate([b[0]["shop"].numpy() for b in batches])

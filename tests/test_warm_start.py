@@ -50,8 +50,9 @@ def _restored_model(model_dir):
 
 def test_rows_and_dense_weights_that_fit_are_carried_by_value(source, tmp_path):
     from recflow.api import load
+    from recflow.models.identity import dense_paths
     from recflow.training.trainer import Trainer
-    from recflow.training.warm_start import variable_paths, warm_start
+    from recflow.training.warm_start import warm_start
 
     old = _restored_model(source)
     config = load(_changed_config(tmp_path), model_dir=str(tmp_path / "new"), overrides=SMALL)
@@ -75,7 +76,7 @@ def test_rows_and_dense_weights_that_fit_are_carried_by_value(source, tmp_path):
     for name in ("user", "region", "region.linear"):
         assert new_rows[name].ids.size == 0  # new or resized tables start empty
 
-    old_vars, new_vars = variable_paths(old), variable_paths(new)
+    old_vars, new_vars = dense_paths(old), dense_paths(new)
     same = [p for p, v in new_vars.items() if v.trainable and p in old_vars and old_vars[p].shape == v.shape]
     changed = [p for p, v in new_vars.items() if v.trainable and p not in same]
     assert same and changed  # the later DNN layers fit, the first one (wider input) does not

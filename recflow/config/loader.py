@@ -400,15 +400,16 @@ def check_references(config: Config) -> None:
         raise ConfigError("features", "expected at least one feature")
     seen: dict[str, int] = {}
     signature_names: dict[str, int] = {}  # as an export's signature tells its inputs apart
+    first: dict[str, Feature] = {}  # per table: its first feature
     for i, f in enumerate(config.features):
         if f.name in seen:
             raise ConfigError(f"features[{i}].name", f"duplicate feature name {f.name!r}")
         seen[f.name] = i
-        other = signature_names.setdefault(f.name.lower().replace("-", "_"), i)
-        if other != i:
+        clash = signature_names.setdefault(f.name.lower().replace("-", "_"), i)
+        if clash != i:
             raise ConfigError(
                 f"features[{i}].name",
-                f"{f.name!r} and {config.features[other].name!r} (features[{other}]) are one input "
+                f"{f.name!r} and {config.features[clash].name!r} (features[{clash}]) are one input "
                 "name in an export's signature (it tells neither case nor '-' from '_' apart); rename one",
             )
         if f.is_sparse and f.table is not None and f.table not in config.tables:
@@ -419,19 +420,16 @@ def check_references(config: Config) -> None:
                 f"features[{i}].table",
                 f"a table named {f.name!r} exists; set `table: {f.name}` to use it",
             )
-    if not config.sparse_features:
-        raise ConfigError("features", "expected at least one categorical, multi_hot or sequence feature")
-    first: dict[str, Feature] = {}  # per table: its first feature
-    for i, f in enumerate(config.features):
-        if not f.is_sparse:
-            continue
-        other = first.setdefault(f.table_name, f)
-        if other.dtype != f.dtype:  # an int64 id's key is its value, a string's its fingerprint
+        # One dtype a table: an int64 id's key is its value, a string's its fingerprint.
+        sharing = first.setdefault(f.table_name, f) if f.is_sparse else None
+        if sharing is not None and sharing.dtype != f.dtype:
             raise ConfigError(
                 f"features[{i}].dtype",
-                f"{f.dtype}, but {other.name!r} reads table {f.table_name!r} as {other.dtype}: "
+                f"{f.dtype}, but {sharing.name!r} reads table {f.table_name!r} as {sharing.dtype}: "
                 f"the same id would be two keys there; give the features of a table one dtype",
             )
+    if not config.sparse_features:
+        raise ConfigError("features", "expected at least one categorical, multi_hot or sequence feature")
     for name in config.tables:
         if name not in config.table_names():
             raise ConfigError(f"tables.{name}", "defined but used by no feature")

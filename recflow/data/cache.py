@@ -273,11 +273,10 @@ class InputCache:
             self._arrays = {name: _variable(name, value) for name, value in arrays.items()}
 
     def close(self) -> None:
-        """Releases the memory and removes the cache's files (the run is done with them),
-        and the model dir's `cache/` with them when it is left empty (a `data.cache_dir`
-        of the user's own stays)."""
+        """Releases the memory and removes the cache's files (the run is done with them):
+        the model dir's whole `cache/` (this run's alone), or in a `data.cache_dir` of the
+        user's own (which may hold others' caches) this cache's dir only."""
         self._arrays = None
-        # The model dir's cache/ is this run's alone; a `data.cache_dir` may hold others'.
         shutil.rmtree(self.path if self.config.data.cache_dir else self.directory, ignore_errors=True)
 
     def _read(self) -> dict | None:

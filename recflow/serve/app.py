@@ -29,14 +29,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from recflow.serve.state import ModelFollower
+from recflow.serve.state import DEFAULT_SIGNATURE, ModelFollower
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 << 20  # a larger request gets 413 (100k CSV-like rows take ~10 MB)
 _PATH = re.compile(r"^(?P<name>[^/:]+)(?:/versions/(?P<version>\d+))?(?P<verb>:predict|/metadata)?$")
 _DTYPES = {"int64": "DT_INT64", "float32": "DT_FLOAT", "string": "DT_STRING"}
-DEFAULT_SIGNATURE = "serving_default"
 
 
 class BadRequest(Exception):

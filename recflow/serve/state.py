@@ -80,6 +80,9 @@ class DeltaError(Exception):
     """A delta that cannot be applied (unreadable, corrupt, for another model)."""
 
 
+DEFAULT_SIGNATURE = "serving_default"  # what TF Serving runs when a request names none
+
+
 @dataclass
 class Served:
     """One loaded export and the deltas applied to it since."""
@@ -97,9 +100,9 @@ class Served:
     @property
     def signature(self):
         """The `serving_default` signature."""
-        return self.signatures["serving_default"]
+        return self.signatures[DEFAULT_SIGNATURE]
 
-    def predict(self, feed: dict, name: str = "serving_default") -> dict:
+    def predict(self, feed: dict, name: str = DEFAULT_SIGNATURE) -> dict:
         """Runs signature `name` on `feed` (name -> tensor) under the read lock (numpy out)."""
         self.lock.acquire_read()
         try:

@@ -123,8 +123,7 @@ class LocalRunner:
         """
         if last:
             self.iterator, self._next = None, None
-            if self.cache is not None:
-                self.cache.close()
+            self.close()
             self._source.assign("")
             return {"iterator": None, VARIABLE: self._source}
         resumed = self._resumed_record(epoch)
@@ -248,8 +247,8 @@ class LocalRunner:
         return True
 
     def close(self) -> None:
-        """Releases the input cache (its memory and files) at the end of a run that its
-        step count ended (an epoch-count run releases it after its last pass)."""
+        """Releases the input cache (its memory and files): after an epoch-count run's last
+        pass, or at the end of a run that its step count ended."""
         if self.cache is not None:
             self.cache.close()
 

@@ -64,11 +64,6 @@ def _source_model(source: str):
     return model, latest
 
 
-def variable_paths(model) -> dict[str, tf.Variable]:
-    """`identity.dense_paths`: the model's dense variables by stable attribute path."""
-    return identity.dense_paths(model)
-
-
 def id_dtypes(config) -> dict[str, str]:
     """The id dtype of every logical table (its features share one: `check_references`),
     its first-order table (`<table>.linear`) included."""
@@ -106,8 +101,8 @@ def warm_start(model, source: str) -> dict:
             )
     dense_carried, dense_fresh = 0, []
     if old.config.model.type == model.config.model.type:
-        old_vars = variable_paths(old)
-        for path, variable in sorted(variable_paths(model).items()):
+        old_vars = identity.dense_paths(old)
+        for path, variable in sorted(identity.dense_paths(model).items()):
             source_var = old_vars.get(path)
             if (
                 source_var is not None
@@ -120,7 +115,7 @@ def warm_start(model, source: str) -> dict:
             elif variable.trainable:
                 dense_fresh.append(path)
     else:
-        dense_fresh = sorted(p for p, v in variable_paths(model).items() if v.trainable)
+        dense_fresh = sorted(p for p, v in identity.dense_paths(model).items() if v.trainable)
     report = {
         "from": checkpoint,
         "tables": carried,
