@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from recflow.errors import RecflowError, one_line
+from recflow.errors import ConfigError, RecflowError, one_line
 from recflow.layout import Layout
 
 
@@ -553,6 +553,8 @@ def _run_command(argv: list[str] | None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except Exception as exc:  # noqa: BLE001 - the CLI owns the exit code
+        if isinstance(exc, ConfigError) and exc.file is None and getattr(args, "config", None):
+            exc = exc.with_file(args.config)  # found after loading: the model's params, the heads
         message = _user_error(exc)
         if os.environ.get("RECFLOW_DEBUG"):
             traceback.print_exc()

@@ -399,7 +399,7 @@ def test_duplicate_section_is_refused_naming_both_lines(tmp_path, capsys):
         (
             "model.params.dnn.hidden_units=[100000000, 100000000]",
             (
-                "recflow: model.params: layer ",
+                ": model.params: layer ",
                 "`hidden_units` needs 1e+16 float32 weights, with their "
                 "gradients at least 80 PB, more than this machine's memory",
             ),
@@ -454,10 +454,10 @@ def test_model_params_typo_names_the_path(tmp_path, capsys):
     write_csv(tmp_path, [HEADER, *ROWS])
     config = write_config(tmp_path, tiny_config(tmp_path))
     line = run_error(capsys, ["train", config, "--quiet", "--set", "model.params.foo=1"])
-    assert line == "recflow: model.params.foo: unknown parameter of deepfm (allowed: dnn, fm, name)"
+    assert line == f"recflow: {config}: model.params.foo: unknown parameter of deepfm (allowed: dnn, fm, name)"
     line = run_error(capsys, ["train", config, "--quiet", "--set", "model.params.dnn.dropuot=0.1"])
     assert line == (
-        "recflow: model.params: unknown argument 'dropuot' of DNN (its arguments: hidden_units, "
+        f"recflow: {config}: model.params: unknown argument 'dropuot' of DNN (its arguments: hidden_units, "
         "activation, dropout, use_batch_norm, l2, output_units, dtype)"
     )
 
@@ -529,7 +529,7 @@ def test_user_model_next_to_its_config_runs_without_pythonpath(tmp_path, capsys,
     line = run_error(capsys, ["train", config, "--quiet", "--set", "model.params.hiden=2"])
     assert (
         line
-        == "recflow: model.params.hiden: unknown parameter of issue19_tower_a:Tiny (allowed: hidden, name)"
+        == f"recflow: {config}: model.params.hiden: unknown parameter of issue19_tower_a:Tiny (allowed: hidden, name)"
     )
 
     shutil.copy(SCRIPTS / "sibling_tower.py", elsewhere / "issue19_tower_b.py")
