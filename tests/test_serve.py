@@ -241,7 +241,7 @@ def test_a_request_runs_the_signature_it_names(tmp_path):
     `signature_name` picks it (every request ran `serving_default`, the query side)."""
     import tensorflow as tf
 
-    from recflow.serve.app import BadRequest, parse_request
+    from recflow.serve.app import BadRequest, answer, parse_request
     from recflow.serve.state import Served
 
     query = tf.function(lambda user: {"embedding": tf.cast(user[:, None], tf.float32) * [1.0, 0.0]},
@@ -262,6 +262,13 @@ def test_a_request_runs_the_signature_it_names(tmp_path):
         parse_request(json.dumps({"signature_name": "query", "instances": [{"item": "2"}]}).encode(), served.signatures)
     with pytest.raises(BadRequest, match='no signature "nope" \\(this model has: candidate, query, serving_default\\)'):
         parse_request(json.dumps({"signature_name": "nope", "instances": [{"item": "2"}]}).encode(), served.signatures)
+    # A value the signature's own parsing refuses is the request's fault: 400 naming it, not 500.
+    body = json.dumps({"signature_name": "candidate", "instances": [{"item": "2"}, {"item": "x7"}]}).encode()
+    with pytest.raises(BadRequest) as refused:
+        answer(body, served)
+    assert str(refused.value) == ("candidate: the model refused an input value: "
+                                  "StringToNumberOp could not correctly convert string: x7")
+    assert json.loads(answer(body.replace(b"x7", b"5"), served)) == {"predictions": [[0.0, 2.0], [0.0, 5.0]]}
 
 
 # ----------------------------------------------------------------------------- the server

@@ -121,6 +121,32 @@ def _feed(request: dict, specs: dict) -> tuple[dict, bool]:
     return feed, False
 
 
+def answer(body: bytes, served) -> str:
+    """The JSON answer to a predict request body, run on `served` (a `state.Served`).
+
+    Raises:
+        BadRequest: the request is malformed, or holds a value the model's own parsing
+            refuses (an `InvalidArgumentError` of the signature: its inputs are all it
+            varies on, e.g. `"1|x"` in an int64 multi_hot), as TF Serving answers 400.
+    """
+    import tensorflow as tf
+
+    name, feed, rows = parse_request(body, served.signatures)
+    try:
+        out = served.predict(feed, name)
+    except tf.errors.InvalidArgumentError as exc:
+        raise BadRequest(f"{name}: the model refused an input value: {_op_reason(exc.message)}") from None
+    return json.dumps(_response(out, rows))
+
+
+def _op_reason(message: str) -> str:
+    """The reason line of a TF op error, without its node, stack and `[Op:...]` parts."""
+    lines = [line for line in message.splitlines()
+             if line.strip() and not line[0].isspace()
+             and not line.startswith(("Graph execution error", "Detected at node", "<stack traces"))]
+    return re.sub(r"\s*\[\[.*$|\s*\[Op:[^\]]*\]$", "", lines[-1] if lines else message)
+
+
 def _response(out: dict, rows: bool) -> dict:
     if rows:
         if len(out) == 1:
@@ -227,12 +253,8 @@ def build_app(follower: ModelFollower, model_name: str) -> Starlette:
             if len(body) > MAX_BODY_BYTES:
                 return error(413, f"body: more than {MAX_BODY_BYTES} bytes", "predict")
 
-        def run():
-            name, feed, rows = parse_request(body, served.signatures)
-            return json.dumps(_response(served.predict(feed, name), rows))
-
         try:
-            text = await run_in_threadpool(run)
+            text = await run_in_threadpool(answer, body, served)
         except BadRequest as exc:
             return error(exc.status, str(exc), "predict")
         except Exception as exc:  # noqa: BLE001 - one bad request never stops the server
