@@ -595,3 +595,49 @@ def _script(folder: Path, name: str) -> subprocess.CompletedProcess:
         [sys.executable, str(SCRIPTS / name)], cwd=folder, env=_env(), capture_output=True,
         text=True, timeout=120,
     )  # fmt: skip
+
+
+WRONG_TOWERS = '''
+import tensorflow as tf
+from recflow.models import RankingModel
+
+
+class Wide(RankingModel):
+    """Logits of the wrong shape: `width` of them a row, or a rank-1 [B]."""
+
+    def __init__(self, config, width=8, **kwargs):
+        super().__init__(config, **kwargs)
+        self.out = tf.keras.layers.Dense(max(width, 1))
+        self.width = width
+
+    def tower(self, inputs, training=False):
+        logits = self.out(tf.concat(self.pooled(inputs), axis=1))
+        return logits[:, 0] if self.width == 0 else logits
+
+
+class Named(RankingModel):
+    def tower(self, inputs, training=False):
+        return {"clicks": tf.add_n([tf.reduce_sum(v, axis=1, keepdims=True) for v in self.pooled(inputs)])}
+'''
+
+
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        ({"type": "wrong_towers:Wide"}, "the tower returned logits of shape [batch, 8]; expected [batch, 1]"),
+        ({"type": "wrong_towers:Wide", "params": {"width": 0}},
+         "the tower returned logits of shape [batch]; expected [batch, 1]"),
+        ({"type": "wrong_towers:Named"}, "the tower returned no logits for task 'probability' (it returned 'clicks')"),
+    ],
+    ids=["wide", "rank-1", "unknown-task"],
+)
+def test_a_tower_returning_the_wrong_logits_is_one_line(tmp_path, capsys, model, message):
+    """A [B, 8] tower was 30 lines of traceback ending in TF's `Incompatible shapes: [512] vs. [64]`."""
+    (tmp_path / "wrong_towers.py").write_text(WRONG_TOWERS, encoding="utf-8")
+    write_csv(tmp_path, [HEADER, *ROWS])
+    raw = tiny_config(tmp_path)
+    raw["model"] = model
+    config = write_config(tmp_path, raw)
+    line = run_error(capsys, ["train", config, "--quiet"])
+    assert line == f"recflow: {config}: model.type: {message}"
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -23,6 +23,7 @@ from recflow.config.schema import Config
 from recflow.embedding import wire
 from recflow.embedding.engine import EmbeddingEngine
 from recflow.embedding.placement import Placement
+from recflow.errors import ConfigError
 from recflow.features.transform import transform
 from recflow.models.heads import Head, heads_for
 from recflow.models.inputs import Lookup, empty_column, feature_of, linear_key, mask_key
@@ -129,7 +130,8 @@ class RankingModel(keras.Model):
         else:
             outputs = (self._train_tower if training else self._infer_tower)(inputs)
         if len(self.heads) != 1 and not isinstance(outputs, dict):
-            raise ValueError("a multi-task tower must return {task_name: logits}")
+            raise ConfigError("model.type", f"the tower returned {type(outputs).__name__}; a multi-task "
+                                            "tower returns {task name: logits}")
         return {h.name: h.logits_of(outputs) for h in self.heads}
 
     def predictions(self, logits: dict) -> dict:

@@ -75,8 +75,25 @@ class Head:
         return self.name
 
     def logits_of(self, outputs):
-        """This head's logits from the tower's output (a tensor, or `{task name: logits}`)."""
-        return outputs[self.name] if isinstance(outputs, dict) else outputs
+        """This head's logits `[B, 1]` from the tower's output (a tensor, or `{task name:
+        logits}`).
+
+        Raises:
+            ConfigError: (`model.type`) the tower returned no logits for this task, or
+                logits of another shape (the loss would broadcast them against the labels).
+        """
+        task = ""
+        if isinstance(outputs, dict):
+            if self.name not in outputs:
+                raise ConfigError("model.type", f"the tower returned no logits for task {self.name!r} "
+                                                f"(it returned {', '.join(map(repr, sorted(outputs)))})")
+            outputs, task = outputs[self.name], f" for task {self.name!r}"
+        shape = tf.TensorShape(getattr(outputs, "shape", None))
+        if shape.rank is not None and (shape.rank != 2 or shape[1] not in (1, None)):
+            dims = ", ".join(["batch", *map(str, shape.as_list()[1:])]) if shape.rank else ""
+            raise ConfigError("model.type", f"the tower returned logits{task} of shape [{dims}]; "
+                                            "expected [batch, 1]")
+        return outputs
 
     def loss(self, labels: tf.Tensor, logits) -> tf.Tensor:
         """The mean loss of a batch: `labels` [B] (or [B, 1]), `logits` [B, 1]."""
