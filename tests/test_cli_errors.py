@@ -641,3 +641,27 @@ def test_a_tower_returning_the_wrong_logits_is_one_line(tmp_path, capsys, model,
     line = run_error(capsys, ["train", config, "--quiet"])
     assert line == f"recflow: {config}: model.type: {message}"
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_tables_reads_a_module_model_dir_from_anywhere(tmp_path, capsys):
+    """`recflow tables` needs the tables, not the tower: a `module:Class` model dir read
+    from another folder failed to find the module (`no module 'my_deepfm'`)."""
+    write_csv(tmp_path, [HEADER, *ROWS])
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "my_deepfm.py").write_text(
+        "from recflow.models.deepfm import DeepFM\n\n\nclass Mine(DeepFM):\n    pass\n", encoding="utf-8"
+    )
+    raw = tiny_config(tmp_path)
+    raw["model"] = {"type": "my_deepfm:Mine", "params": {"dnn": {"hidden_units": [4]}}}
+    assert main(["train", write_config(folder, raw), "--quiet"]) == 0, capsys.readouterr().err
+    proc = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "tables", str(tmp_path / "run"), "--json"],
+        cwd=tmp_path.anchor, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    tables = json.loads(proc.stdout)["tables"]
+    ids = {name: {row.split(",")[i] for row in ROWS} for i, name in enumerate(HEADER.split(",")[:2])}
+    for name, seen in ids.items():  # each id once, and its first-order weight beside it
+        assert tables[name]["keys"] == len(seen), tables
+        assert tables[name + ".linear"]["keys"] == len(seen), tables

@@ -255,7 +255,9 @@ def read_yaml(path: str) -> dict:
     return raw
 
 
-def load_config(path: str, overrides: Iterable[str] = (), needs_data: bool = True) -> Config:
+def load_config(
+    path: str, overrides: Iterable[str] = (), needs_data: bool = True, needs_model: bool = True
+) -> Config:
     """Loads, overrides and validates a config file.
 
     Args:
@@ -265,13 +267,15 @@ def load_config(path: str, overrides: Iterable[str] = (), needs_data: bool = Tru
         needs_data: the command reads the data (train, evaluate, data check): then
             `data.train` is required and the synthetic rows must fit in memory.
             `plan` and `export` read none.
+        needs_model: the command builds the model, so a `module:Class` model's module
+            must be found (`recflow tables` reads the tables only).
 
     Raises:
         RecflowError: one line naming the file and the offending path.
     """
     raw = apply_overrides(read_yaml(path), overrides)
     try:
-        config = config_from_dict(raw, os.path.dirname(os.path.abspath(path)))
+        config = config_from_dict(raw, os.path.dirname(os.path.abspath(path)), needs_model)
         if needs_data:
             check_data(config)
     except ConfigError as e:
@@ -279,9 +283,10 @@ def load_config(path: str, overrides: Iterable[str] = (), needs_data: bool = Tru
     return config
 
 
-def config_from_dict(raw: dict, config_dir: str | None = None) -> Config:
+def config_from_dict(raw: dict, config_dir: str | None = None, needs_model: bool = True) -> Config:
     """Converts and cross-checks a raw mapping; `config_dir` is where a `module:Class`
-    model's module may live besides the Python path and the working directory.
+    model's module may live besides the Python path and the working directory (looked
+    for only when `needs_model`).
 
     The features come out sorted by name: the order of the config's lines then
     decides nothing (table slots, the fusion plan and the tower's inputs all follow
@@ -291,7 +296,8 @@ def config_from_dict(raw: dict, config_dir: str | None = None) -> Config:
     config = from_dict(Config, raw)
     check_references(config)
     check_memory(config)
-    model_module.locate(config.model.type, config_dir)
+    if needs_model:
+        model_module.locate(config.model.type, config_dir)
     for path, type_name in _extension_names(config):
         model_module.locate(type_name, config_dir, path)
     return dataclasses.replace(config, features=tuple(sorted(config.features, key=lambda f: f.name)))

@@ -4,6 +4,7 @@ model, its table statistics, and their history over the checkpoints kept
 
 from __future__ import annotations
 
+import json
 import os
 import re
 
@@ -12,10 +13,12 @@ import tensorflow as tf
 from recflow.config.loader import load_config
 from recflow.embedding.engine import EmbeddingEngine, check_checkpoint
 from recflow.embedding.placement import ModPlacement
+from recflow.embedding.planner import LINEAR_SUFFIX
 from recflow.errors import RecflowError
 from recflow.layout import Layout
+from recflow.models import identity
 from recflow.models.registry import get_model_class
-from recflow.training.checkpoints import checkpoint_steps
+from recflow.training.checkpoints import checkpoint_steps, variable_key
 
 _SHARD_NAME = re.compile(r"^model/embedding/physical_tables/0/rows/shards/(\d+)/")
 
@@ -27,20 +30,29 @@ def _latest_checkpoint(model_dir: str) -> str:
     return path
 
 
+def _first_order(reader, config) -> bool:
+    """Whether the checkpoint's model had first-order weights: its recorded identity lists
+    their `.linear` tables (an identity-less checkpoint: ask the model class)."""
+    key = variable_key(identity.VARIABLE)
+    if not reader.has_tensor(key):
+        return get_model_class(config.model.type).first_order
+    return any(name.endswith(LINEAR_SUFFIX) for name in json.loads(reader.get_tensor(key).decode())["tables"])
+
+
 def restore_engine(model_dir: str, checkpoint: str | None = None):
     """The embedding engine of a model dir, restored from `checkpoint` (a `ckpt-N` prefix;
     default its latest checkpoint), without the model."""
     config_path = Layout(model_dir).config_path
     if not os.path.exists(config_path):
         raise RecflowError(f"{model_dir}: not a model dir (no config.yaml)")
-    config = load_config(config_path)
+    config = load_config(config_path, needs_model=False)  # a `module:Class` tower stays unread
     path = checkpoint or _latest_checkpoint(model_dir)
     check_checkpoint(path)
+    reader = tf.train.load_checkpoint(path)
     # As many local shards as the run had (a key's shard does not depend on where shards live).
-    names = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    shards = {m.group(1) for m in map(_SHARD_NAME.search, names) if m}
+    shards = {m.group(1) for m in map(_SHARD_NAME.search, reader.get_variable_to_shape_map()) if m}
     placement = ModPlacement(max(len(shards), 1))
-    engine = EmbeddingEngine(config, placement, first_order=get_model_class(config.model.type).first_order)
+    engine = EmbeddingEngine(config, placement, first_order=_first_order(reader, config))
     holder = tf.Module()
     holder.embedding = engine  # the checkpoint's path to the tables: model/embedding/...
     engine.restore(tf.train.Checkpoint(model=holder), path).expect_partial()
