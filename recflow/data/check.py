@@ -181,7 +181,7 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
             st.distinct.add(value)
         if need.ints and not re.fullmatch(sources.int64_list(need.separator), text):
             st.failures += 1
-            return f"column '{need.column}': expected int64 ids joined by '{need.separator}', got '{text}'"
+            return f"column '{need.column}': {sources.int64_list_refusal(need.separator)}'{text}'"
     else:
         st.distinct.add(text)
     if need.kind == sources.INT64:

@@ -457,8 +457,7 @@ def id_list_checks(config: Config, decoded: dict) -> list[Check]:
             (
                 tf.strings.regex_full_match(text, sources.int64_list(use.separator)),
                 lambda i, use=use, text=text: tf.strings.join(
-                    [f"column '{use.column}': expected int64 ids joined by '{use.separator}', got '",
-                     text[i], "'"]  # fmt: skip
+                    [f"column '{use.column}': {sources.int64_list_refusal(use.separator)}'", text[i], "'"]
                 ),
             )
         )

@@ -93,6 +93,12 @@ def int64_list(separator: str) -> str:
     return rf"(?:{INT64_TEXT})?(?:{sep}(?:{INT64_TEXT})?)*"
 
 
+def int64_list_refusal(separator: str) -> str:
+    """What every reader says of a value that is not `int64_list(separator)`, between the
+    column and the value (`column 'tags': expected ..., got '7|x'`)."""
+    return f"expected int64 ids joined by '{separator}', got "
+
+
 def leading_values(text: str, separator: str, limit: int) -> list[str]:
     """The first `limit + 1` non-empty values of a separator-joined text, found without
     splitting all of it (the Python twin of `records.first_values`): more than `limit`

@@ -30,6 +30,7 @@ from recflow.data.sources import (
     csv_reader,
     delimiter_hint,
     int64_list,
+    int64_list_refusal,
     leading_values,
     not_text,
 )
@@ -158,10 +159,7 @@ def _check_id_list(name: str, column: str, values: np.ndarray, feature: dict, wh
     pattern = re.compile(int64_list(separator))
     for i, v in enumerate(values):
         if not pattern.fullmatch(v.strip()):
-            raise DataError(
-                f"{where(i)}: column {column!r} (input {name!r}): expected int64 ids joined by "
-                f"{separator!r}, got {v!r}"
-            )
+            raise DataError(f"{where(i)}: column {column!r} (input {name!r}): {int64_list_refusal(separator)}{v!r}")
 
 
 def _cut(values: list[str], feature: dict) -> list[str]:
