@@ -408,6 +408,28 @@ def test_tfrecord_labels_mapped_checked_and_infinities_counted(tmp_path):
     )
 
 
+@pytest.mark.parametrize("fmt", ["tfrecord", "parquet"])
+def test_positive_values_match_numeric_label_columns_by_value(tmp_path, fmt):
+    """A rating stored as a float (TFRecord's float_list, a Parquet double) was compared as
+    the text "4.000000" with the config's "4": every label became 0, exit 0."""
+    if fmt == "parquet":
+        pytest.importorskip("pyarrow")
+    ratings = np.array([4.0, 2.0, 5.0, 3.5, 1.0, 4.0, 0.0, 5.0])
+    expected = np.isin(ratings, [4.0, 5.0, 3.5]).astype(np.float32)  # [1,0,1,1,0,1,0,1]
+    path = str(tmp_path / f"a.{fmt}")
+    columns = {"u": np.arange(8, dtype=np.int64), "rating": ratings, "stars": ratings.astype(np.int64)}
+    write_columns(path, columns, fmt)
+    data = {"format": fmt, "train": path, "shuffle": False, "positive": {"rating": ["4", "5", "3.5", "x"]}}
+    config = make_config(data, [cat("u", "int64")], label="rating")
+    _, labels, bad = read_all(make_dataset(config, "train", epochs=1))
+    np.testing.assert_array_equal(labels["rating"], expected)
+    assert bad == 0
+    data["positive"] = {"stars": [4, "5"]}
+    config = make_config(data, [cat("u", "int64")], label="stars")  # an int column: 3.5 -> 3
+    _, labels, _ = read_all(make_dataset(config, "train", epochs=1))
+    np.testing.assert_array_equal(labels["stars"], np.isin(ratings.astype(int), [4, 5]).astype(np.float32))
+
+
 def test_parquet_writer_stores_no_nulls(tmp_path):
     pq = pytest.importorskip("pyarrow.parquet")
     path = str(tmp_path / "a.parquet")

@@ -333,6 +333,18 @@ def plain(fn: Callable) -> Callable:
     return tf.autograph.experimental.do_not_convert(fn)
 
 
+def _numbers(values) -> list[float]:
+    """The values of `data.positive` that are numbers (the others match no number), at
+    least one entry (NaN matches nothing) so that the comparison has a shape."""
+    numbers = []
+    for value in values:
+        try:
+            numbers.append(float(value))
+        except ValueError:
+            pass
+    return numbers or [float("nan")]
+
+
 def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
     """Converts a typed column ([batch], or ragged [batch, None]) to its raw form.
 
@@ -346,6 +358,11 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
     ragged = isinstance(x, tf.RaggedTensor)
     dtype = x.dtype
     if use.positive is not None:  # a mapped label: 1 for the positive raw values, else 0
+        if dtype.is_floating or dtype.is_integer:  # by value: 4.0 is `4` (as_string says "4.000000")
+            x = tf.cast(x, tf.float64)
+            x = _first(x, float("nan")) if ragged else x
+            hit = tf.reduce_any(tf.equal(x[:, None], tf.constant(_numbers(use.positive), tf.float64)), axis=1)
+            return tf.where(tf.math.is_nan(x), float("nan"), tf.cast(hit, tf.float32))
         text = tf.strings.strip(x if dtype == tf.string else tf.strings.as_string(x))
         text = _first(text, "") if ragged else text
         hit = tf.reduce_any(tf.equal(text[:, None], tf.constant(list(use.positive))), axis=1)
