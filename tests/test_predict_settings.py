@@ -65,8 +65,9 @@ def test_stderr_is_clean_when_tensorflow_loads(tmp_path):
 
 def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
     """A float64 column of a string feature (what pandas writes for ids with a missing
-    value) keys its rows by the text TF writes (1005.0 -> "1005.000000"); predict fed
-    str(v) ("1005.0"), an unseen id for every row. A float64 column for an int64 input is
+    value) keys its rows by the text a CSV of the rows holds (1005.0 -> "1005", NaN ->
+    missing; TF's own text, "1005.000000", was an id no CSV row or REST client sends);
+    predict fed str(v) ("1005.0"), an unseen id for every row. A float64 column for an int64 input is
     refused, as training refuses it (it was cut to an integer)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -77,7 +78,8 @@ def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
 
     n = 16
     table = pa.table({
-        "shop": pa.array([1005.0 + i % 4 for i in range(n)], pa.float64()),
+        "shop": pa.array([1005.0 + i % 4 if i % 7 else [float("nan"), 0.5, -3.0][i // 7] for i in range(n)],
+                         pa.float64()),
         "user": pa.array([i % 5 for i in range(n)], pa.int64()),
         "y": pa.array([float(i % 2) for i in range(n)], pa.float64()),
     })  # fmt: skip
@@ -94,7 +96,9 @@ def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
     # The training reader's own raw columns, fed to the export.
     batches = list(make_dataset(load_config(str(config)), "train", epochs=1, shuffle=False))
     shops = np.concatenate([b[0]["shop"].numpy() for b in batches])
-    assert shops[0] == b"1005.000000"
+    assert shops.tolist() == [
+        {0: b"", 7: b"0.5", 14: b"-3"}.get(i, str(1005 + i % 4).encode()) for i in range(n)
+    ]
     serve = tf.saved_model.load(export).signatures["serving_default"]
     expected = serve(shop=tf.constant(shops), user=tf.constant(table["user"].to_numpy()))
     np.testing.assert_allclose(got, expected["probability"].numpy().reshape(-1), atol=1e-6)

@@ -333,6 +333,21 @@ def plain(fn: Callable) -> Callable:
     return tf.autograph.experimental.do_not_convert(fn)
 
 
+def number_text(x: tf.Tensor) -> tf.Tensor:
+    """A typed column's numbers as the text a CSV of the same rows holds, for a string
+    feature: an integral float as its digits (pandas stores an id column with missing
+    values as float64: 1005.0 is the id "1005", not `as_string`'s "1005.000000"), other
+    floats at their shortest ("0.5"), NaN as "" (missing); integers and bools as
+    `tf.strings.as_string` writes them."""
+    if not x.dtype.is_floating:
+        return tf.strings.as_string(x)
+    x = tf.cast(x, tf.float64)
+    integral = tf.logical_and(tf.equal(x, tf.round(x)), tf.abs(x) < 2.0**53)
+    digits = tf.strings.as_string(tf.cast(tf.where(integral, x, 0.0), tf.int64))
+    text = tf.where(integral, digits, tf.strings.as_string(x, shortest=True))
+    return tf.where(tf.math.is_nan(x), "", text)
+
+
 def _numbers(values) -> list[float]:
     """The values of `data.positive` that are numbers (the others match no number), at
     least one entry (NaN matches nothing) so that the comparison has a shape."""
@@ -369,7 +384,7 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
         return tf.where(tf.equal(text, ""), float("nan"), tf.cast(hit, tf.float32))
     if use.kind == STRING:
         if dtype != tf.string:
-            x = tf.strings.as_string(x)
+            x = tf.ragged.map_flat_values(number_text, x) if ragged else number_text(x)
         if use.separator is None:
             return _first(x, "") if ragged else x
         if ragged:

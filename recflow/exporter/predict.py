@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 import yaml
 
+from recflow.data.records import number_text
 from recflow.data.sources import (
     DIGITS,
     INT64_TEXT,
@@ -126,8 +127,8 @@ def _typed(name: str, column: str, values, dtype: tf.DType, where: Callable) -> 
     names its row (`where(index)`) and column. `values`: strings (a CSV or a Parquet
     string column) or a typed Parquet column (a numpy array of numbers or bools)."""
     if isinstance(values, np.ndarray):  # as `records.typed` reads a typed column
-        if dtype == tf.string:  # its text, as TF writes it: 1005.0 is "1005.000000"
-            return tf.strings.as_string(values).numpy().astype(object)
+        if dtype == tf.string:  # its text, as training reads it: 1005.0 is "1005"
+            return number_text(tf.constant(values)).numpy().astype(object)
         if dtype == tf.int64 and not np.issubdtype(values.dtype, np.integer):
             raise DataError(f"{where(0)}: column {column!r} holds {values.dtype} values, but input {name!r} expects int64")
         return values.astype(np.int64 if dtype == tf.int64 else np.float32)
