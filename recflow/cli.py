@@ -214,10 +214,11 @@ def _load(args, check_data: bool = True, tensorflow: bool = True):
 
 
 def _number(value) -> str:
-    """A metric for the summary line; an undefined one (None, NaN) prints as n/a."""
+    """A metric for the summary line: 4 decimals, or 4 significant digits under 0.01 (an mse
+    of 4.04e-05 is not `0.0000`); an undefined one (None, NaN) prints as n/a."""
     if value is None or value != value:
         return "n/a"
-    return f"{value:.4f}"
+    return f"{value:.4g}" if 0 < abs(value) < 0.01 else f"{value:.4f}"
 
 
 def _format_metrics(result: dict) -> str:

@@ -116,7 +116,7 @@ class Evaluator:
             prefix = "" if len(model.heads) == 1 else f"{head.name}/"
             for name in head.metric_names(config.task):
                 value = head.metric(name, y, p, g) if y.size else float("nan")
-                result[prefix + name] = round(value, 6)
+                result[prefix + name] = value  # full precision: an mse of 4e-05 keeps its digits
         result["eval_bad_records"] = bad
         return result
 
@@ -156,7 +156,7 @@ class Evaluator:
         for name in head.metric_names(config.task):
             k = int(name.partition("@")[2])
             value = metrics_lib.recall_at_k(q, c, index[positive], k) if positive.any() else np.nan
-            result[name] = round(float(value), 6)
+            result[name] = float(value)
         result["eval_bad_records"] = bad
         return result
 

@@ -1,0 +1,86 @@
+"""The evaluation's report: the metrics an `Evaluator` computes over a split, and what
+`recflow evaluate` / `recflow train` write to metrics.json and print.
+
+Most checks run an `Evaluator` on a model that predicts one constant for every row, so
+each metric follows from the hand-written CSV rows by numpy; the CLI checks train a
+model of a few rows for a step or two.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from recflow.config import config_from_dict
+from recflow.models.heads import heads_for
+from recflow.training.evaluator import Evaluator
+
+FEATURES = [
+    {"name": "user", "kind": "categorical", "dtype": "int64", "dim": 4},
+    {"name": "price", "kind": "numeric", "normalizer": {"type": "log1p"}},
+]
+
+
+def write_csv(path: Path, rows: list[str], header: str = "user,price,rating") -> str:
+    path.write_text("\n".join([header, *rows]) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def make_config(tmp_path: Path, eval_file: str, task: dict | None = None, data: dict | None = None):
+    return config_from_dict(
+        {
+            "data": {
+                "format": "csv",
+                "train": eval_file,
+                "eval": eval_file,
+                "label": "rating",
+                "batch_size": 4,
+                **(data or {}),
+            },
+            "features": FEATURES,
+            "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+            "task": task or {"type": "regression", "metrics": ["mse", "mae", "rmse"]},
+            "train": {"model_dir": str(tmp_path / "run"), "epochs": 1},
+        }
+    )
+
+
+class ConstantModel:
+    """Predicts `value` for every row, under each head's output: the metrics of a split
+    are then numpy functions of its labels alone."""
+
+    def __init__(self, config, value: float):
+        self.heads = heads_for(config)
+        self.value = value
+
+    def __call__(self, features, training=False):
+        rows = tf.shape(features["user"])[0]
+        return {h.output: tf.fill([rows, 1], tf.constant(self.value, tf.float32)) for h in self.heads}
+
+
+# ----------------------------------------------------------------------------- precision
+
+
+def test_small_metrics_keep_their_digits(tmp_path):
+    """Ratings / 10000 predicted as 0: the mse is about 1e-8; rounded to 6 decimal places it
+    was stored as 0.0 (and an mse of 4.04e-05 as 4e-05)."""
+    y = np.array([1, 3, 4, 5, 2, 4], np.float32) / 10000
+    rows = [f"{i},{i}.5,{v!r}" for i, v in enumerate(y.tolist())]
+    config = make_config(tmp_path, write_csv(tmp_path / "eval.csv", rows))
+    result = Evaluator(config, ConstantModel(config, 0.0)).evaluate()
+    mse = float(np.mean(y.astype(np.float64) ** 2))  # about 1.18e-07
+    assert result["mse"] == pytest.approx(mse, rel=1e-6)
+    assert result["mae"] == pytest.approx(float(np.mean(y)), rel=1e-6)
+    assert result["rmse"] == pytest.approx(mse**0.5, rel=1e-6)
+
+
+def test_the_summary_prints_small_values_with_four_significant_digits():
+    from recflow.cli import _number
+
+    assert _number(4.04228e-05) == "4.042e-05"
+    assert _number(0.0012345) == "0.001234"
+    assert _number(0.5) == "0.5000" and _number(0.0) == "0.0000" and _number(12.0) == "12.0000"
+    assert _number(float("nan")) == "n/a" and _number(None) == "n/a"
