@@ -222,9 +222,8 @@ def _number(value) -> str:
 
 
 def _format_metrics(result: dict) -> str:
-    names = ("auc", "gauc", "logloss", "mse", "mae", "rmse", "accuracy")
-    keys = [k for k in result if k.split("/")[-1] in names or k.startswith("recall@")]
-    parts = [f"{k} {_number(result[k])}" for k in keys]
+    """The summary line: every metric the heads computed (`eval_metrics`), then the counts."""
+    parts = [f"{k} {_number(result[k])}" for k in result.get("eval_metrics", ()) if k in result]
     if "oracle_auc" in result:
         parts.append(f"(oracle auc {_number(result['oracle_auc'])})")
     if "examples_per_sec" in result:

@@ -84,3 +84,24 @@ def test_the_summary_prints_small_values_with_four_significant_digits():
     assert _number(0.0012345) == "0.001234"
     assert _number(0.5) == "0.5000" and _number(0.0) == "0.0000" and _number(12.0) == "12.0000"
     assert _number(float("nan")) == "n/a" and _number(None) == "n/a"
+
+
+# ----------------------------------------------------------------------------- the summary line
+
+
+def test_the_summary_prints_a_custom_heads_metrics(tmp_path, monkeypatch):
+    """The docs' PoissonHead: `poisson_nll` and `mae` are in metrics.json; the summary line
+    printed only built-in names, so it showed `mae` but not `poisson_nll`."""
+    from recflow.cli import _format_metrics
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent / "extensions"))
+    y = np.array([0, 1, 3, 2, 0, 1], np.float64)
+    rows = [f"{i},{i}.5,{v:g}" for i, v in enumerate(y)]
+    task = {"type": "my_extensions:PoissonHead", "metrics": ["poisson_nll", "mae"]}
+    config = make_config(tmp_path, write_csv(tmp_path / "eval.csv", rows), task)
+    result = Evaluator(config, ConstantModel(config, 2.0)).evaluate()
+    nll, mae = np.mean(2.0 - y * np.log(2.0)), np.mean(np.abs(2.0 - y))  # 2 - 7/6 ln 2, 7/6
+    assert result["eval_metrics"] == ["poisson_nll", "mae"]
+    assert result["poisson_nll"] == pytest.approx(nll, rel=1e-6) and result["mae"] == pytest.approx(mae)
+    line = _format_metrics({**result, "steps": 3, "bad_records": 0})
+    assert line.startswith(f"poisson_nll {nll:.4f}  mae {mae:.4f}  step 3  bad_records 0"), line

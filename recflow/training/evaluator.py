@@ -84,7 +84,9 @@ class Evaluator:
         self._tracing.start()
 
     def evaluate(self) -> dict:
-        """Exact metrics over the split; `eval_split`, `eval_examples`, `eval_bad_records`."""
+        """Exact metrics over the split; `eval_split`, `eval_examples`, `eval_bad_records`,
+        and `eval_metrics`: the names of the metrics computed (`<head>/<metric>` for each
+        head of a multi-task model), in order."""
         if self._tracing is not None:
             self._tracing.join()
             self._tracing = None
@@ -105,7 +107,7 @@ class Evaluator:
             if group_by:
                 groups.append(np.asarray(features[group_by]).reshape(-1))
             bad += int(batch_bad)
-        result = {"eval_split": split, "eval_examples": 0}
+        result = {"eval_split": split, "eval_examples": 0, "eval_metrics": []}
         g = np.concatenate(groups) if groups else None
         for head in model.heads:
             y = np.concatenate(labels[head.label]) if labels[head.label] else np.zeros(0)
@@ -117,6 +119,7 @@ class Evaluator:
             for name in head.metric_names(config.task):
                 value = head.metric(name, y, p, g) if y.size else float("nan")
                 result[prefix + name] = value  # full precision: an mse of 4e-05 keeps its digits
+                result["eval_metrics"].append(prefix + name)
         result["eval_bad_records"] = bad
         return result
 
@@ -151,6 +154,7 @@ class Evaluator:
         if y.size:
             index, first = metrics_lib.distinct_rows([np.concatenate(c) for c in columns.values()])
         result["eval_candidates"] = int(first.size)
+        result["eval_metrics"] = list(head.metric_names(config.task))
         if positive.any():
             q, c = np.concatenate(queries)[positive], np.concatenate(candidates)[first]
         for name in head.metric_names(config.task):
