@@ -107,3 +107,33 @@ def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
     pq.write_table(floats, data)
     with pytest.raises(DataError, match="column 'user' holds float64 values, but input 'user' expects int64"):
         list(predict_file(export, data))
+
+
+def test_spaces_are_stripped_as_training_strips_them_in_every_path(tmp_path, capsys):
+    """Training strips ASCII spaces only (`tf.strings.strip`): predict's `str.strip` also
+    took a no-break space off ("a\\u00a0" scored as the trained "a"); and the serving graph
+    kept the spaces around a multi_hot's values (" x| y " held the unknown ids " x", " y"
+    there, where CSV training had read "x" and " y")."""
+    rows = ["item,tags,y"] + [f"{'ab'[i % 2]},{['x| y', 'y |z', 'x'][i % 3]},{i % 2}" for i in range(8)]
+    data = tmp_path / "d.csv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    raw = {
+        "data": {"format": "csv", "train": str(data), "label": "y", "batch_size": 4, "shuffle": False},
+        "features": [{"name": "item", "kind": "categorical"},
+                     {"name": "tags", "kind": "multi_hot", "separator": "|"}],
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
+    }  # fmt: skip
+    scored = tmp_path / "s.csv"
+    cases = [("a\u00a0", "x"), ("\u3000a", "x"), ("a", " x | y "), ("a", "y|x"), (" a ", "\tx|||y")]
+    scored.write_text("item,tags\n" + "".join(f'"{i}","{t}"\n' for i, t in cases), encoding="utf-8")
+    _, export, got = _train_and_predict(tmp_path, raw, str(scored))
+    serve = tf.saved_model.load(export).signatures["serving_default"]
+
+    def score(item, tags):
+        return float(serve(item=tf.constant([item]), tags=tf.constant([tags]))["probability"][0, 0])
+
+    unknown = score("never-seen", "x")
+    assert score("a\u00a0", "x") == score("\u3000a", "x") == unknown != score("a", "x")
+    assert score("a", " x | y ") == score("a", "y|x") == score("a", "\tx|||y") != score("a", "x")
+    np.testing.assert_allclose(got, [unknown, unknown] + [score("a", "x|y")] * 3, atol=1e-6)

@@ -107,13 +107,13 @@ def _read(config: Config, files: list[str], limit: int | None):
             for line, row in enumerate(reader, start=first):
                 if limit is not None and read >= limit:
                     return
-                if not row or (len(row) == 1 and not row[0].strip()):
+                if not row or (len(row) == 1 and not sources.strip(row[0])):
                     continue
                 read += 1
                 if len(row) != len(header):
                     yield file, line, f"expected {len(header)} fields, got {len(row)}"
                     continue
-                yield file, line, {name: value.strip() for name, value in zip(header, row)}
+                yield file, line, {name: sources.strip(value) for name, value in zip(header, row)}
 
 
 def check(config: Config, rows: int | None = None) -> dict:

@@ -410,7 +410,8 @@ def first_values(
     text: tf.Tensor, separator: str, limit: int, longer_than: int = LONG_ROW
 ) -> tf.Tensor:
     """[batch] separator-joined values, each row cut to its first `limit + 1` non-empty
-    values (joined by `separator`) without splitting the whole row.
+    values (joined by `separator`) without splitting the whole row; a value of spaces
+    only is empty, as the transform strips each value.
 
     The transform splits a multi_hot or sequence row, drops empty values and keeps
     the first `max_values` / `max_len`; splitting a row of millions of values costs
@@ -432,14 +433,15 @@ def first_values(
     """
     width = len(separator.encode("utf-8"))
     shortest = max((limit + 2) * (1 + width) - width, longer_than)  # limit + 2 one-byte values
-    run = "(?:" + "".join(f"\\x{{{ord(c):x}}}" for c in separator) + "){2,}"
+    sep = "".join(f"\\x{{{ord(c):x}}}" for c in separator)
+    run = f"{sep}(?:{sources.blanks(separator)}{sep})+"  # a blank value between separators is none
 
     def cut():
         long_rows = tf.where(tf.strings.length(text) >= shortest)
         rows = tf.gather_nd(text, long_rows)
         single = tf.strings.regex_replace(rows, run, separator.replace("\\", "\\\\"))
         pieces = tf.strings.split(single, sep=separator, maxsplit=limit + 2)[:, : limit + 2]
-        values = tf.ragged.boolean_mask(pieces, tf.strings.length(pieces) > 0)[:, : limit + 1]
+        values = tf.ragged.boolean_mask(pieces, tf.strings.length(tf.strings.strip(pieces)) > 0)[:, : limit + 1]
         joined = tf.strings.reduce_join(values, axis=1, separator=separator)
         return tf.tensor_scatter_nd_update(text, long_rows, joined)
 

@@ -86,11 +86,30 @@ class Need:
         return (self.column, self.kind, self.separator, self.positive, self.limit)
 
 
+_SPACE = " \t\n\r\v\f"  # what `tf.strings.strip` strips: ASCII whitespace only
+_ESCAPED = {" ": " ", "\t": r"\t", "\n": r"\n", "\r": r"\r", "\v": r"\v", "\f": r"\f"}
+
+
+def strip(text: str) -> str:
+    """`text` without surrounding ASCII whitespace, as the training reader strips a field
+    (`str.strip` also strips a no-break space or U+3000: another id than training's)."""
+    return text.strip(_SPACE)
+
+
 def int64_list(separator: str) -> str:
     """The pattern of a multi_hot or sequence column of int64 ids: `INT64_TEXT` values
-    joined by `separator`, empty ones allowed (the transform drops them)."""
-    sep = re.escape(separator)
-    return rf"(?:{INT64_TEXT})?(?:{sep}(?:{INT64_TEXT})?)*"
+    joined by `separator`, each with spaces around it or none (the transform strips
+    them), empty ones allowed (the transform drops them)."""
+    sep, blank = re.escape(separator), blanks(separator)
+    value = rf"{blank}(?:{INT64_TEXT})?{blank}"
+    return rf"{value}(?:{sep}{value})*"
+
+
+def blanks(separator: str) -> str:
+    """The pattern of the spaces around a value joined by `separator` (none when the
+    separator is itself a space: then those are separators)."""
+    space = "".join(_ESCAPED[c] for c in _SPACE if c not in separator)  # for `re` and RE2 alike
+    return f"[{space}]*" if space else ""
 
 
 def int64_list_refusal(separator: str) -> str:
@@ -103,9 +122,10 @@ def leading_values(text: str, separator: str, limit: int) -> list[str]:
     """The first `limit + 1` non-empty values of a separator-joined text, found without
     splitting all of it (the Python twin of `records.first_values`): more than `limit`
     values back means the row is cut."""
-    runs = re.compile(f"(?:{re.escape(separator)})+")
+    sep = re.escape(separator)
+    runs = re.compile(f"{sep}(?:{blanks(separator)}{sep})*")
     pieces = runs.split(text, maxsplit=limit + 2)[: limit + 2]  # the rest stays one piece
-    return [p for p in pieces if p][: limit + 1]
+    return [strip(p) for p in pieces if strip(p)][: limit + 1]
 
 
 def needs(config: Config) -> list[Need]:
@@ -262,7 +282,7 @@ def read_header(file: str, options: CsvOptions) -> list[str]:
         raise DataError(f"{file}: cannot read the header line ({e})") from None
     if not row:
         raise DataError(f"{file}: empty file (expected a header line)")
-    return [name.strip() for name in row]
+    return [strip(name) for name in row]
 
 
 def parquet_columns(file: str) -> list[str] | None:

@@ -34,6 +34,7 @@ from recflow.data.sources import (
     int64_list_refusal,
     leading_values,
     not_text,
+    strip,
 )
 from recflow.errors import DataError, RecflowError
 
@@ -71,7 +72,7 @@ def _read_csv(
         reader = csv_reader(f, delimiter)
         try:
             if header_line:
-                header = [h.strip() for h in next(reader, [])]
+                header = [strip(h) for h in next(reader, [])]
             else:
                 header = list(options.get("columns") or ())
             for name, column in sources.items():
@@ -84,14 +85,14 @@ def _read_csv(
             columns: dict[str, list[str]] = {name: [] for name in sources}
             lines = array("q")  # 8 bytes a row
             for row in reader:
-                if not row or (len(row) == 1 and not row[0].strip()):
+                if not row or (len(row) == 1 and not strip(row[0])):
                     continue  # blank lines are ignored, as in training
                 if len(row) != len(header):
                     raise DataError(
                         f"{path}: line {reader.line_num}: expected {len(header)} fields, got {len(row)}"
                     )
                 for name, i in index.items():
-                    columns[name].append(row[i].strip())
+                    columns[name].append(strip(row[i]))
                 lines.append(reader.line_num)
         except UnicodeDecodeError as e:
             raise DataError(f"{path}: not UTF-8 text after line {reader.line_num} ({e.reason})") from None
@@ -159,7 +160,7 @@ def _check_id_list(name: str, column: str, values: np.ndarray, feature: dict, wh
         return
     pattern = re.compile(int64_list(separator))
     for i, v in enumerate(values):
-        if not pattern.fullmatch(v.strip()):
+        if not pattern.fullmatch(strip(v)):
             raise DataError(f"{where(i)}: column {column!r} (input {name!r}): {int64_list_refusal(separator)}{v!r}")
 
 

@@ -111,13 +111,15 @@ class Categorical(FeatureKind):
 
 
 class _MultiValued(FeatureKind):
-    """Separator-joined ids: a row keeps its first `value_limit` values."""
+    """Separator-joined ids: a row keeps its first `value_limit` values, each stripped of
+    surrounding spaces (as a categorical id is, and as a CSV field is in training: in
+    `" x| y "` the ids are `x` and `y` in every reader and in the serving graph)."""
 
     count_truncated: ClassVar[bool] = False
 
     def transform(self, raw, counts=None):
         f = self.feature
-        tokens = tf.strings.split(raw, sep=f.value_separator)
+        tokens = tf.strings.strip(tf.strings.split(raw, sep=f.value_separator))
         tokens = tf.ragged.boolean_mask(tokens, tf.strings.length(tokens) > 0)
         limit = f.value_limit
         if self.count_truncated and counts is not None:
