@@ -191,7 +191,9 @@ def train(
 
 
 def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> dict:
-    """Evaluates the latest checkpoint; merges the metrics into `metrics.json` and returns them.
+    """Evaluates the latest checkpoint and returns its metrics. In `metrics.json` they
+    replace the previous evaluation's (its `eval_*` fields and metrics); the training's
+    fields (`examples`, `bad_records`, `timing`, ...) stay, and `steps` is the checkpoint's.
 
     Raises:
         RecflowError: the model dir has no checkpoint.
@@ -200,8 +202,26 @@ def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> di
         result = trainer.evaluate()
         result.pop("eval_bad_records", None)
         result["steps"] = int(trainer.model.global_step)
-        trainer.model_dir.write_metrics(result, merge=True)
+        kept = without_evaluation(trainer.model_dir.metrics(), trainer.model.heads)
+        trainer.model_dir.write_metrics({**kept, **result})
     return result
+
+
+def without_evaluation(metrics: dict, heads) -> dict:
+    """`metrics` (as in metrics.json) without the evaluation it holds: the `eval_*` fields
+    and the metrics `eval_metrics` lists, or, in a file written before that list, the keys
+    that name a metric of one of `heads` (`auc`, `<head>/auc`)."""
+    listed = metrics.get("eval_metrics")
+    listed = set(listed) if isinstance(listed, list) else set()
+
+    def evaluated(key: str) -> bool:
+        return (
+            key.startswith("eval_")
+            or key in listed
+            or any(h.accepts_metric(key.rpartition("/")[2]) for h in heads)
+        )
+
+    return {k: v for k, v in metrics.items() if not evaluated(k)}
 
 
 def export(config_or_path, model_dir: str | None = None, overrides=None, delta: bool = False) -> str:

@@ -105,3 +105,56 @@ def test_the_summary_prints_a_custom_heads_metrics(tmp_path, monkeypatch):
     assert result["poisson_nll"] == pytest.approx(nll, rel=1e-6) and result["mae"] == pytest.approx(mae)
     line = _format_metrics({**result, "steps": 3, "bad_records": 0})
     assert line.startswith(f"poisson_nll {nll:.4f}  mae {mae:.4f}  step 3  bad_records 0"), line
+
+
+# ----------------------------------------------------------------------------- recflow evaluate
+
+
+def write_run_config(tmp_path: Path, train: str, eval_file: str | None = None, **task) -> str:
+    import yaml
+
+    data = {"format": "csv", "train": train, "label": "click", "batch_size": 4, "shuffle": False}
+    if eval_file:
+        data["eval"] = eval_file
+    raw = {
+        "version": 1,
+        "data": data,
+        "features": FEATURES,
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "task": {"type": "binary", **task},
+        "train": {"model_dir": str(tmp_path / "run"), "epochs": 1, "checkpoint_every_steps": None},
+        "export": {"at_end": False},
+    }
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return str(path)
+
+
+def read_metrics(tmp_path: Path) -> dict:
+    import json
+
+    return json.loads((tmp_path / "run" / "metrics.json").read_text(encoding="utf-8"))
+
+
+def test_an_evaluation_replaces_the_previous_ones_metrics(tmp_path, capsys):
+    """Trained with [auc, logloss], evaluated with [accuracy] on another file: metrics.json
+    showed accuracy beside the training's auc and logloss, under the new eval_split."""
+    from recflow.cli import main
+
+    header = "user,price,click"
+    train = write_csv(tmp_path / "train.csv", [f"{i},{i}.5,{i % 2}" for i in range(8)], header)
+    other = write_csv(tmp_path / "other.csv", [f"{i},{i}.5,{i % 3 == 0:d}" for i in range(5)], header)
+    path = write_run_config(tmp_path, train, metrics=["auc", "logloss"])
+    assert main(["train", path, "--quiet"]) == 0
+    trained = read_metrics(tmp_path)
+    assert {"auc", "logloss"} <= set(trained) and trained["eval_split"] == "train"
+    argv = ["evaluate", path, "--set", f"data.eval={other}", "--set", "task.metrics=[accuracy]"]
+    assert main(argv) == 0
+    metrics = read_metrics(tmp_path)
+    assert "auc" not in metrics and "logloss" not in metrics
+    assert metrics["eval_metrics"] == ["accuracy"] and metrics["accuracy"] in {k / 5 for k in range(6)}
+    assert metrics["eval_split"] == "eval" and metrics["eval_examples"] == 5
+    # The fields that are not the evaluation's stay: 8 rows trained in 2 steps of 4.
+    assert metrics["steps"] == 2 and metrics["examples"] == 8 and metrics["bad_records"] == 0
+    assert metrics["timing"] == trained["timing"]
+    assert capsys.readouterr().out.splitlines()[-1].startswith("accuracy ")
