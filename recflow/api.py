@@ -200,7 +200,6 @@ def evaluate(config_or_path, model_dir: str | None = None, overrides=None) -> di
     """
     with _restored(config_or_path, model_dir, overrides, "evaluate") as trainer:
         result = trainer.evaluate()
-        result.pop("eval_bad_records", None)
         result["steps"] = int(trainer.model.global_step)
         kept = without_evaluation(trainer.model_dir.metrics(), trainer.model.heads)
         trainer.model_dir.write_metrics({**kept, **result})

@@ -229,7 +229,10 @@ def _format_metrics(result: dict) -> str:
     if "examples_per_sec" in result:
         parts.append(f"{result['examples_per_sec']:.0f} examples/s")
     parts.append(f"step {result.get('steps')}")
-    parts.append(f"bad_records {result.get('bad_records', 0)}")
+    if "bad_records" in result or "eval_bad_records" not in result:
+        parts.append(f"bad_records {result.get('bad_records', 0)}")  # the training's
+    if result.get("eval_bad_records") or ("eval_bad_records" in result and "bad_records" not in result):
+        parts.append(f"eval_bad_records {result['eval_bad_records']}")  # `recflow evaluate`: always
     for key, label in (("nonfinite_values", "non-finite values"), ("truncated_rows", "truncated rows")):
         if result.get(key):
             parts.append(f"{label} {result[key]}")

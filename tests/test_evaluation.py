@@ -158,3 +158,64 @@ def test_an_evaluation_replaces_the_previous_ones_metrics(tmp_path, capsys):
     assert metrics["steps"] == 2 and metrics["examples"] == 8 and metrics["bad_records"] == 0
     assert metrics["timing"] == trained["timing"]
     assert capsys.readouterr().out.splitlines()[-1].startswith("accuracy ")
+
+
+# ----------------------------------------------------------------------------- bad rows
+
+
+def test_the_evaluations_bad_rows_are_counted_and_checked(tmp_path):
+    """Rows 1 and 4 have rating 'NA': the evaluation dropped them without counting them,
+    and never held them against data.max_bad_fraction."""
+    y = np.array([3, 0, 4, 5, 0, 2], np.float64)
+    rows = [f"{i},{i}.5,{'NA' if i in (1, 4) else f'{v:g}'}" for i, v in enumerate(y)]
+    data = write_csv(tmp_path / "eval.csv", rows)
+    allowed = make_config(tmp_path, data, data={"max_bad_fraction": 0.5})
+    result = Evaluator(allowed, ConstantModel(allowed, 1.0)).evaluate()
+    good = y[[0, 2, 3, 5]]
+    assert result["eval_bad_records"] == 2 and result["eval_examples"] == 4
+    assert result["mse"] == pytest.approx(np.mean((good - 1.0) ** 2))  # (4 + 9 + 16 + 1) / 4
+
+    from recflow.errors import DataError
+
+    config = make_config(tmp_path, data)  # max_bad_fraction 0.01
+    with pytest.raises(DataError) as e:
+        Evaluator(config, ConstantModel(config, 1.0)).evaluate()
+    message = str(e.value)
+    assert message.startswith(
+        "data.eval: 2 of 6 rows read by the evaluation are bad (33.3%, above data.max_bad_fraction 0.01)"
+    ), message
+    assert f"first: {data}: line 3: label 'rating'" in message and "'NA'" in message  # row 1, after the header
+
+
+def test_train_fails_at_an_evaluation_with_too_many_bad_rows(tmp_path, capsys):
+    """`recflow train` with an eval file of 2 bad rows in 4 exited 0 and exported; now it
+    exits 2 once the evaluation has run, saying that training finished and was saved.
+    Below the limit, the summary line and metrics.json give the evaluation's bad rows."""
+    from recflow.cli import main
+
+    header = "user,price,click"
+    train = write_csv(tmp_path / "train.csv", [f"{i},{i}.5,{i % 2}" for i in range(8)], header)
+    eval_file = write_csv(tmp_path / "eval.csv", ["1,1.5,1", "2,x,0", "3,3.5,0", "4,y,1"], header)
+    path = write_run_config(tmp_path, train, eval_file)
+    capsys.readouterr()
+    assert main(["train", path, "--quiet"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        "recflow: data.eval: 2 of 4 rows read by the evaluation are bad (50.0%, above data.max_bad_fraction 0.01); "
+        f"first: {eval_file}: line 3: column 'price'"
+    ), err
+    assert err[0].endswith(
+        "Training itself finished (checkpoint of step 2 saved); metrics.json is not written: "
+        "rerun once the evaluation's data is fixed"
+    ), err
+    assert not (tmp_path / "run" / "metrics.json").exists()
+    assert (tmp_path / "run" / "checkpoints").is_dir()
+
+    # The same run allowing half the rows bad: the rerun evaluates the saved checkpoint.
+    assert main(["train", path, "--quiet", "--set", "data.max_bad_fraction=0.5"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("step 2  bad_records 0  eval_bad_records 2")
+    metrics = read_metrics(tmp_path)
+    assert (metrics["bad_records"], metrics["eval_bad_records"], metrics["eval_examples"]) == (0, 2, 2)
+    assert main(["evaluate", path, "--set", "data.max_bad_fraction=0.5"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("step 2  eval_bad_records 2")
+    assert read_metrics(tmp_path)["eval_bad_records"] == 2

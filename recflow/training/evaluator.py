@@ -18,6 +18,7 @@ import tensorflow as tf
 from recflow import data as data_lib
 from recflow import metrics as metrics_lib
 from recflow.data.records import finish
+from recflow.errors import DataError
 from recflow.features.transform import transform
 from recflow.models.base import RetrievalModel
 
@@ -86,7 +87,11 @@ class Evaluator:
     def evaluate(self) -> dict:
         """Exact metrics over the split; `eval_split`, `eval_examples`, `eval_bad_records`,
         and `eval_metrics`: the names of the metrics computed (`<head>/<metric>` for each
-        head of a multi-task model), in order."""
+        head of a multi-task model), in order.
+
+        Raises:
+            DataError: the split's bad rows exceed `data.max_bad_fraction` of its rows read.
+        """
         if self._tracing is not None:
             self._tracing.join()
             self._tracing = None
@@ -107,6 +112,8 @@ class Evaluator:
             if group_by:
                 groups.append(np.asarray(features[group_by]).reshape(-1))
             bad += int(batch_bad)
+        rows = sum(y.size for y in labels[model.heads[0].label])
+        self.check_bad_rows(rows, bad)
         result = {"eval_split": split, "eval_examples": 0, "eval_metrics": []}
         g = np.concatenate(groups) if groups else None
         for head in model.heads:
@@ -147,6 +154,7 @@ class Evaluator:
                 values.append(raw[name].numpy())
             bad += int(batch_bad)
         y = np.concatenate(labels) if labels else np.zeros(0)
+        self.check_bad_rows(y.size, bad)
         positive = y > 0
         result = {"eval_split": split, "eval_examples": int(y.size)}
         result["eval_queries"] = int(positive.sum())
@@ -163,6 +171,23 @@ class Evaluator:
             result[name] = float(value)
         result["eval_bad_records"] = bad
         return result
+
+
+    def check_bad_rows(self, examples: int, bad: int) -> None:
+        """Raises DataError when the split's bad rows exceed `data.max_bad_fraction` of the
+        rows read, naming the first one (as training's check does)."""
+        data, split = self.config.data, self.split
+        read = examples + bad
+        if not bad or bad <= data.max_bad_fraction * read:
+            return
+        files = None
+        if data.format != "synthetic":
+            files = data_lib.sources.expand(getattr(data, split), f"data.{split}")
+        first = data_lib.pipeline.first_bad_record(self.config, files) if files else None
+        raise DataError(
+            f"data.{split}: {bad} of {read} rows read by the evaluation are bad ({bad / read:.1%}, "
+            f"above data.max_bad_fraction {data.max_bad_fraction:g})" + (f"; first: {first}" if first else "")
+        )
 
 
 def _warn_one_class(config, label: str, split: str, y: np.ndarray) -> None:

@@ -425,12 +425,27 @@ class Trainer:
         write_evaluation(self.model_dir.logs_dir, int(self.model.global_step), result)
         return result
 
+    def _evaluation_failed(self, error: DataError, exported) -> DataError:
+        """The evaluation's error, saying what the run kept: its training finished, and
+        its final checkpoint (and the export, `exported`, written beside the evaluation) stay."""
+        kept = f"checkpoint of step {int(self.model.global_step)} saved"
+        if exported is not None and exported.exception() is None:
+            kept += f", export {exported.result()} written"
+        return DataError(
+            f"{error}. Training itself finished ({kept}); metrics.json is not written: "
+            "rerun once the evaluation's data is fixed"
+        )
+
     def run(self, train: Callable[[], dict] | None = None) -> dict:
         """train -> evaluate and export (side by side) -> metrics.json; returns the metrics.
 
         `train` replaces `fit` (e.g. streaming training); evaluation then runs
         only when `data.eval` is set. `train.evaluate: false` leaves it out, and
         `export.at_end: false` the export.
+
+        Raises:
+            DataError: (besides `fit`'s) the evaluation's bad rows exceed
+                `data.max_bad_fraction`; the final checkpoint (and export) stay.
         """
         with self.timing.phase("train"), self.signals_stop():
             summary = (train or self.fit)()
@@ -452,14 +467,14 @@ class Trainer:
         # 2 cores: 2.1 -> 1.6 s for both), and an error of either is raised here.
         with ThreadPoolExecutor(1, thread_name_prefix="recflow-export") as pool:
             exported = pool.submit(self.model_dir.export) if self.config.export.at_end else None
-            result = self.evaluate() if evaluate else {"eval_bad_records": 0}
+            try:
+                result = self.evaluate() if evaluate else {}
+            except DataError as e:  # too many bad rows in the evaluation's data
+                raise self._evaluation_failed(e, exported) from None
             if exported is not None:
                 result["export"] = exported.result()
         result.update(summary)
-        eval_bad = result.pop("eval_bad_records")  # rows of the training files count once
-        result["bad_records"] = int(self.model.bad_records) + (
-            eval_bad if result.get("eval_split") == "eval" else 0
-        )
+        result["bad_records"] = int(self.model.bad_records)  # the training's; the evaluation's: eval_bad_records
         if self.warm_start_report is not None:
             result["warm_start"] = self.warm_start_report
         result["examples_read"] = self.rows_read
