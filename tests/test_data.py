@@ -488,3 +488,33 @@ def test_pipeline_builds_inside_a_tf_function(tmp_path, fmt):
         return ds.reduce(tf.constant(0, tf.int64), lambda s, b: s + tf.reduce_sum(b[0]["user_id"]))
 
     assert int(total()) == expected
+
+
+def test_a_tfrecord_scalar_of_another_length_is_one_bad_row(tmp_path):
+    """A record whose label or id list held no value or two failed the whole batch with
+    TF's `Number of float values != expected` (exit 1): now an empty list is a missing
+    value and two values a bad row, named."""
+    path = str(tmp_path / "a.tfrecord")
+    lists = [([1.0], [10]), ([], [11]), ([0.0], [12, 13]), ([1.0, 0.0], [14]), ([0.0], []), ([1.0], [15])]
+    with tf.io.TFRecordWriter(path) as out:
+        for click, u in lists:
+            feature = {"u": tf.train.Feature(int64_list=tf.train.Int64List(value=u)),
+                       "click": tf.train.Feature(float_list=tf.train.FloatList(value=click))}  # fmt: skip
+            out.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    config = make_config({"format": "tfrecord", "train": path, "shuffle": False}, [cat("u", "int64")])
+    got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
+    # record 2: no label (missing: bad); 3: two ids; 4: two labels; 5: no id (-1, as missing)
+    assert got["u"].tolist() == [10, -1, 15] and labels["click"].tolist() == [1.0, 0.0, 1.0] and bad == 3
+    config = make_config({"format": "tfrecord", "train": path, "on_bad_record": "fail"}, [cat("u", "int64")])
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        read_all(make_dataset(config, "train", epochs=1))
+    assert bad_record_message(info.value) == f"{path}: record 2: label 'click' is missing"
+    rows = [row for row in lists if len(row[0]) == 1]  # the labels fine, one record of two ids
+    with tf.io.TFRecordWriter(path) as out:
+        for click, u in rows:
+            feature = {"u": tf.train.Feature(int64_list=tf.train.Int64List(value=u)),
+                       "click": tf.train.Feature(float_list=tf.train.FloatList(value=click))}  # fmt: skip
+            out.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        read_all(make_dataset(config, "train", epochs=1))
+    assert bad_record_message(info.value) == f"{path}: record 2: column 'u': expected one value, got 2"

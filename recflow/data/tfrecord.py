@@ -4,8 +4,10 @@ One Example per row and one feature per column: int64 ids as `int64_list`,
 numbers and labels as `float_list`, everything else as `bytes_list` (what
 `recflow.data.writer` writes). The list type of each column is read from the
 first record of the first file, so an int64 column also serves a string feature.
-A scalar column holds at most one value (else parsing fails).
-A missing numeric value reads as NaN, a missing id as -1, a missing string as "";
+A scalar column holds at most one value: a record with more is malformed
+(`on_bad_record`), one with none reads as missing. Every column is parsed as a
+list (`RaggedFeature`), so a record of another length is one bad row, not a
+failed batch. A missing numeric value reads as NaN, a missing id as -1, a missing string as "";
 a multi_hot/sequence column stored as a list of several values is joined with the
 feature's separator. A record without a label is malformed (`on_bad_record`);
 messages name it as `{file}: record {n}` (1-based).
@@ -24,7 +26,6 @@ from recflow.data.sources import INT64, STRING
 from recflow.errors import DataError
 
 _NATURAL = {INT64: tf.int64, STRING: tf.string}  # other kinds: float32
-_DEFAULTS = {tf.int64: -1, tf.string: "", tf.float32: float("nan")}
 _LIST_DTYPES = {"int64_list": tf.int64, "float_list": tf.float32, "bytes_list": tf.string}
 
 
@@ -54,6 +55,20 @@ def stored_dtypes(file: str) -> dict[str, tf.DType]:
     return result
 
 
+def _one_value_checks(parsed: dict, scalar: set[str]) -> list[records.Check]:
+    """A column read as one value a row holds at most one in each record."""
+    checks = []
+    for column in sorted(scalar):
+        lengths = parsed[column].row_lengths()
+        checks.append((
+            lengths <= 1,
+            lambda i, column=column, lengths=lengths: tf.strings.join(
+                [f"column '{column}': expected one value, got ", tf.strings.as_string(lengths[i])]
+            ),
+        ))  # fmt: skip
+    return checks
+
+
 def dataset(
     config: Config,
     files: Sequence[str],
@@ -67,20 +82,14 @@ def dataset(
     uses = records.unique(sources.needs(config))
     stored = stored_dtypes(files[0])
     dtypes: dict[str, tf.DType] = {}
-    ragged: set[str] = set()
+    scalar: set[str] = set()
     for use in uses:
-        natural = _NATURAL.get(use.kind, tf.float32)
-        dtype = dtypes.setdefault(use.column, stored.get(use.column, natural))
-        if dtype != natural or use.separator is not None:
-            ragged.add(use.column)  # a list to join, or a type to convert
+        dtype = dtypes.setdefault(use.column, stored.get(use.column, _NATURAL.get(use.kind, tf.float32)))
+        if use.separator is None:
+            scalar.add(use.column)
         # Fail now, naming the file, when the stored type cannot serve this use.
         records.typed(tf.ragged.constant([[]], dtype=dtype), use, files[0])
-    parse_spec = {
-        column: tf.io.RaggedFeature(dtype)
-        if column in ragged
-        else tf.io.FixedLenFeature([], dtype, default_value=_DEFAULTS[dtype])
-        for column, dtype in dtypes.items()
-    }
+    parse_spec = {column: tf.io.RaggedFeature(dtype) for column, dtype in dtypes.items()}
 
     examples = records.numbered(
         files, tf.data.TFRecordDataset, first=1, shuffle=shuffle, seed=config.data.seed, rows=rows
@@ -92,7 +101,8 @@ def dataset(
         decoded = {use.key: records.typed(parsed[use.column], use, files[0]) for use in uses}
         present = tf.ones_like(keys, dtype=tf.bool)
         keep, bad, deps = records.screen(
-            records.label_checks(config, decoded) + records.id_list_checks(config, decoded),
+            _one_value_checks(parsed, scalar) + records.label_checks(config, decoded)
+            + records.id_list_checks(config, decoded),
             present,
             config.data.on_bad_record,
             records.locator(names, keys, "record"),
@@ -100,5 +110,5 @@ def dataset(
         )
         return records.outputs(config, decoded, bad, keep, deps)
 
-    key = records.parse_key(config, "tfrecord", repr(sorted(dtypes.items())), tuple(sorted(ragged)))
+    key = records.parse_key(config, "tfrecord", repr(sorted(dtypes.items())), tuple(sorted(scalar)))
     return records.finish(ds, parse, files, key, per_record=per_record)
