@@ -413,6 +413,13 @@ BAD = [
         "'tags' is a multi_hot feature",
     ),
     (
+        "group-by-numeric",  # gauc grouped by the normalized value (a bucketized hour: 4 groups)
+        _all(_set("task.metrics", ["auc", "gauc"]), _set("task.group_by", "price")),
+        "task.group_by",
+        "'price' is a numeric feature (gauc would group by its normalized value, not its values); "
+        "group by a categorical feature",
+    ),
+    (
         "tasks-without-multitask",
         _set("task.tasks", [{"name": "a", "label": "click"}]),
         "task.tasks",

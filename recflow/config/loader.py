@@ -477,6 +477,12 @@ def check_references(config: Config) -> None:
     if group_by is not None and config.features[seen[group_by]].kind in ("multi_hot", "sequence"):
         kind = config.features[seen[group_by]].kind
         raise ConfigError("task.group_by", f"{group_by!r} is a {kind} feature (several ids a row); group by one id a row")
+    if group_by is not None and config.features[seen[group_by]].kind == "numeric":
+        raise ConfigError(
+            "task.group_by",
+            f"{group_by!r} is a numeric feature (gauc would group by its normalized value, not "
+            "its values); group by a categorical feature",
+        )
 
 
 def dump_config(config: Config, path: str) -> None:
