@@ -219,3 +219,17 @@ def test_train_fails_at_an_evaluation_with_too_many_bad_rows(tmp_path, capsys):
     assert main(["evaluate", path, "--set", "data.max_bad_fraction=0.5"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].endswith("step 2  eval_bad_records 2")
     assert read_metrics(tmp_path)["eval_bad_records"] == 2
+
+
+# ----------------------------------------------------------------------------- default metrics
+
+
+def test_a_regression_task_reports_mse_by_default(tmp_path):
+    """docs/configuration.md said regression reports mse, mae and rmse; without
+    task.metrics it computes mse only (RegressionHead.default_metrics), as the docs now say."""
+    y = np.array([1, 2, 4, 5], np.float64)
+    rows = [f"{i},{i}.5,{v:g}" for i, v in enumerate(y)]
+    config = make_config(tmp_path, write_csv(tmp_path / "eval.csv", rows), {"type": "regression"})
+    result = Evaluator(config, ConstantModel(config, 3.0)).evaluate()
+    assert result["eval_metrics"] == ["mse"] and "mae" not in result and "rmse" not in result
+    assert result["mse"] == pytest.approx((4 + 1 + 1 + 4) / 4)
