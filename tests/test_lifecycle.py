@@ -238,3 +238,25 @@ def test_checkpoint_with_55_bit_keys_is_refused_in_one_line(trained, tmp_path, c
         assert "55-bit" in err and "fresh model dir" in err
     assert sorted(os.listdir(old / "checkpoints")) == before
     assert main(["tables", str(model_dir)]) == 0  # a current checkpoint reads
+
+
+def test_max_keys_bounds_each_table_of_a_fused_physical_table(tmp_path, capsys):
+    """Two tables of one policy fuse into one physical table; `max_keys` was applied to
+    its rows together, so the frequent users pushed items out (the two held 6, not 6 each)."""
+    counts = {f"i{k}": c for k, c in enumerate([1, 2, 3, 4, 5, 6, 7, 8, 11, 17])}
+    items = np.array([k for k, c in counts.items() for _ in range(c)], dtype=object)
+    rows = raw_rows(seed=1)
+    rows["item"] = np.random.default_rng(2).permutation(items)
+    rows["user"] = np.random.default_rng(3).integers(0, 5, ROWS).astype(np.int64) * 7  # 5 users, ~13 rows each
+    write_columns(str(tmp_path / "train.csv"), rows, "csv", labels=["click"])
+    model_dir = tmp_path / "run"
+    policy = {"dim": 4, "eviction": {"max_keys": 6}}
+    config = write_config(tmp_path, str(tmp_path / "train.csv"), model_dir, **{"export.delta_every_steps": None})
+    assert main(["train", config, "--quiet", "--set", f"tables={ {'u': policy, 'i': policy} }",
+                 "--set", "train.checkpoint_every_steps=8"]) == 0
+    stats = tables_json(model_dir, capsys)
+    assert stats["i"]["physical_table"] == stats["u"]["physical_table"]  # fused
+    assert stats["u"]["keys"] == 5 and stats["i"]["keys"] == 6
+    assert main(["export", str(model_dir / "config.yaml"), "--delta"]) == 0
+    keys, _ = load_delta(model_dir, 8, "i")
+    assert sorted(keys.tolist()) == sorted(fingerprint_ids(sorted(counts, key=counts.get)[-6:]))

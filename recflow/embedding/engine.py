@@ -165,8 +165,12 @@ class _PhysicalTable(tf.Module):
 
     # ------------------------------------------------------------------ lifecycle
 
-    def _keep(self, count: tf.Tensor, last: tf.Tensor, step: tf.Tensor) -> tf.Tensor:
-        """Which rows survive the eviction policy at `step` (on the shard's device)."""
+    def _keep(self, count: tf.Tensor, last: tf.Tensor, step: tf.Tensor, slots: tf.Tensor | None = None) -> tf.Tensor:
+        """Which rows survive the eviction policy at `step` (on the shard's device).
+
+        `max_keys` bounds each logical table: with `slots` (each row's logical slot, in a
+        fused table), the most frequent rows of each slot are kept, not of the whole shard,
+        where one table's frequent ids would push another's rows out."""
         keep = tf.ones_like(count, tf.bool)
         policy = self.spec.eviction
         if policy is None:
@@ -181,7 +185,14 @@ class _PhysicalTable(tf.Module):
                 tf.bitwise.left_shift(tf.cast(count, tf.int64), 32), tf.cast(last, tf.int64)
             )
             score = tf.where(keep, score, -1)
-            top = tf.argsort(score, direction="DESCENDING", stable=True)[:limit]
+            top = tf.argsort(score, direction="DESCENDING", stable=True)
+            if slots is None:
+                top = top[:limit]
+            else:  # grouped by slot, by score within one: a row's rank in its slot
+                top = tf.gather(top, tf.argsort(tf.gather(slots, top), stable=True))
+                grouped = tf.gather(slots, top)
+                rank = tf.range(tf.size(top, out_type=tf.int64)) - tf.searchsorted(grouped, grouped, out_type=tf.int64)
+                top = masked(top, rank < limit)
             top = masked(top, tf.gather(keep, top))
             keep = tf.scatter_nd(top[:, None], tf.ones_like(top, tf.bool), tf.shape(keep))
         return keep
@@ -192,7 +203,8 @@ class _PhysicalTable(tf.Module):
         meta = self.layout.dim + self.layout.slots_width
         columns = [tf.gather(values[:, meta : meta + 2], held) for _, values, held in segments]
         count, last = tf.unstack(tf.bitcast(tf.concat(columns, 0), tf.int32), axis=1)
-        return tf.split(self._keep(count, last, step), tf.stack([tf.shape(c)[0] for c in columns]))
+        slots = None if self.one_slot else tf.concat([tf.gather(k[:, 0], held) for k, _, held in segments], 0)
+        return tf.split(self._keep(count, last, step, slots), tf.stack([tf.shape(c)[0] for c in columns]))
 
     def _keep_counters(self, others: tuple, segments: list, step: tf.Tensor) -> list:
         """The admission counters that stay (a `Keep`; `others`: the rows' shard handles):
