@@ -233,3 +233,33 @@ def test_a_regression_task_reports_mse_by_default(tmp_path):
     result = Evaluator(config, ConstantModel(config, 3.0)).evaluate()
     assert result["eval_metrics"] == ["mse"] and "mae" not in result and "rmse" not in result
     assert result["mse"] == pytest.approx((4 + 1 + 1 + 4) / 4)
+
+
+def test_a_head_left_without_metrics_is_named_in_a_warning(tmp_path, caplog):
+    """A multi-task model with `task.metrics: [auc]`: the regression head computes none of
+    them and reported nothing, silently."""
+    rows = [f"{i},{i}.5,{i % 2},{i + 1}" for i in range(6)]
+    data = write_csv(tmp_path / "eval.csv", rows, "user,price,click,rating")
+    tasks = [{"name": "ctr", "label": "click"}, {"name": "stars", "label": "rating", "type": "regression"}]
+    raw = {
+        "data": {"format": "csv", "train": data, "eval": data, "batch_size": 4},
+        "features": FEATURES,
+        "model": {"type": "mmoe", "params": {"num_experts": 2, "expert_units": [4], "tower": {"hidden_units": [4]}}},
+        "task": {"type": "multitask", "metrics": ["auc"], "tasks": tasks},
+        "train": {"model_dir": str(tmp_path / "run"), "epochs": 1},
+    }
+    config = config_from_dict(raw)
+    with caplog.at_level("WARNING", logger="recflow.training.evaluator"):
+        result = Evaluator(config, ConstantModel(config, 0.5)).evaluate()
+    assert result["eval_metrics"] == ["ctr/auc"] and result["ctr/auc"] == 0.5  # every score tied
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        "task.metrics ['auc']: task 'stars' computes none of them, so it reports no metric "
+        "(its metrics: mae, mse, rmse)"
+    ], warnings
+    raw["task"]["metrics"] = ["auc", "mse"]  # each head computes one: no warning
+    caplog.clear()
+    config = config_from_dict(raw)
+    with caplog.at_level("WARNING", logger="recflow.training.evaluator"):
+        result = Evaluator(config, ConstantModel(config, 0.5)).evaluate()
+    assert result["stars/mse"] == pytest.approx(np.mean((np.arange(1, 7) - 0.5) ** 2)) and not caplog.records

@@ -123,6 +123,8 @@ class Evaluator:
             if head.label in config.binary_labels and y.size and (y == y[0]).all():
                 _warn_one_class(config, head.label, split, y)
             prefix = "" if len(model.heads) == 1 else f"{head.name}/"
+            if not head.metric_names(config.task) and head.metrics:
+                _warn_no_metric(config, head)
             for name in head.metric_names(config.task):
                 value = head.metric(name, y, p, g) if y.size else float("nan")
                 result[prefix + name] = value  # full precision: an mse of 4e-05 keeps its digits
@@ -188,6 +190,15 @@ class Evaluator:
             f"data.{split}: {bad} of {read} rows read by the evaluation are bad ({bad / read:.1%}, "
             f"above data.max_bad_fraction {data.max_bad_fraction:g})" + (f"; first: {first}" if first else "")
         )
+
+
+def _warn_no_metric(config, head) -> None:
+    """`task.metrics` lists none of a head's metrics (a multi-task model's other heads take
+    them all): the head is not evaluated."""
+    logger.warning(
+        "task.metrics %s: task %r computes none of them, so it reports no metric (its metrics: %s)",
+        list(config.task.metrics), head.name, ", ".join(sorted(head.metrics)),
+    )
 
 
 def _warn_one_class(config, label: str, split: str, y: np.ndarray) -> None:
