@@ -71,6 +71,8 @@ def test_reordered_feature_lines_read_the_same_model(trained, tmp_path):
     [
         ({"tables.user.dim": 16}, "tables.user.dim: 8 in"),
         ({"embedding.fusion": False}, "fusion."),
+        # user's policy dropped: it joins the fused group, and the line says why the plan changed
+        ({"tables.user.eviction": None}, "(the tables fuse differently: category, city, tags shared one"),
         ({"model.params": {"dnn": {"hidden_units": [16]}}}, "model.params.dnn.hidden_units: [8] in"),
         ({"train.sparse_optimizer": {"type": "adagrad"}}, "optimizer: adam in"),
         ({"features.city.kind": "multi_hot"}, "features.city.kind: categorical in"),

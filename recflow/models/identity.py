@@ -36,6 +36,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from recflow.embedding.planner import LINEAR_SUFFIX
 from recflow.errors import RecflowError
 from recflow.layers.dnn import DTYPES as DNN_DTYPES
 
@@ -160,7 +161,25 @@ def check(saved: dict | None, current: dict, where: str) -> None:
     )
     more = f" (and {len(found) - 8} more)" if len(found) > 8 else ""
     raise RecflowError(
-        f"{where}: the config changes what the trained model's variables mean: {shown}{more}; "
-        "restore the config it was trained with, or train a new model dir from it with "
-        "`recflow train CONFIG --model-dir NEW --warm-start OLD`"
+        f"{where}: the config changes what the trained model's variables mean: {shown}{more}"
+        f"{_fusion_hint(saved, current)}; restore the config it was trained with, or train a new "
+        "model dir from it with `recflow train CONFIG --model-dir NEW --warm-start OLD`"
+    )
+
+
+def _fusion_hint(saved: dict, current: dict) -> str:
+    """Why the fusion plan changed, when it did: the fused groups the config does not keep."""
+    now = [sorted(m) for m in current.get("fusion", {}).values()]
+    changed = [
+        sorted(m) for m in saved.get("fusion", {}).values()
+        if len(m) > 1 and sorted(m) not in now and not m[0].endswith(LINEAR_SUFFIX)  # those follow their tables
+    ]
+    if not changed:
+        return ""
+    groups = " and ".join(", ".join(m) for m in changed)
+    return (
+        f" (the tables fuse differently: {groups} shared one physical table. Tables share one "
+        "when their dim, initializer, optimizer with its parameters, admission and eviction agree, "
+        "so a setting changed on one table of a group, or one that makes another table agree with "
+        "them, changes the plan: change it on every table of the group, or on none)"
     )
