@@ -99,8 +99,8 @@ class DataConfig:
         shuffle_buffer: records in the shuffle window (blocks of up to 256 consecutive records are shuffled in it).
         seed: shuffle seed; epoch e uses `seed + e`.
         on_bad_record: `skip` counts a bad row (`bad_records` in metrics.json) and goes on; `fail` stops at the first one, naming file and line.
-        max_bad_fraction: a pass whose skipped rows exceed this fraction of the rows read stops the run (exit 2).
-        positive: label column -> the raw values (compared after stripping spaces) that are 1; every other value is 0.
+        max_bad_fraction: a pass (training's, or an evaluation's) whose skipped rows exceed this fraction of the rows read stops the run (exit 2).
+        positive: label column -> the raw values that are 1; every other value is 0. Text (CSV, a TFRecord bytes_list, a Parquet string) is compared after stripping spaces; a number (a TFRecord float_list or int64_list, a Parquet number column) by value, so `4` and `"4.0"` both match a stored 4.0.
         sample_rows: rows read from the start of `train` to fit `normalizer: {type: auto}`.
         cache: `auto` parses CSV or TFRecord training files once for a run of several epochs (from the second epoch of a `train.steps` run) and reads every epoch's batches from memory, the same batches as parsing again; `off` parses each epoch. Local runs only (not streams or parameter servers).
         cache_dir: where the parsed rows are kept while the run needs them (default `MODEL_DIR/cache`); checked at every load and rebuilt when damaged or made from other files.
@@ -715,7 +715,7 @@ class EvictionConfig:
 
     Attributes:
         ttl_steps: remove rows (and waiting admission counters) unseen for this many steps.
-        max_keys: keep at most this many rows, the most frequent first (then the most recent); each of N shards keeps max_keys // N.
+        max_keys: keep at most this many rows, the most frequent first (then the most recent); each of N shards keeps max_keys // N. It bounds this table alone, also when it is fused with others.
     """
 
     ttl_steps: int | None = None
