@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("export_dir")
     p.add_argument("data_file")
-    p.add_argument("--batch-size", type=int, default=4096)
+    p.add_argument("--batch-size", type=int, default=4096, help="rows scored at a time (a positive integer)")
 
     p = sub.add_parser(
         "serve", help="TF Serving REST API over the newest export, applying new deltas in place"
@@ -325,6 +325,8 @@ def cmd_export(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    if args.batch_size <= 0:  # before the import below, which loads TensorFlow
+        raise RecflowError(f"--batch-size: expected a positive integer, got {args.batch_size}")
     import_tensorflow()
     from recflow.exporter.predict import predict_file
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import numbers
 import os
 import re
 from array import array
@@ -193,7 +194,14 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
     One output (a probability, a prediction, a retrieval embedding) gives one value
     per line; several (one per task) give a header line of their names, then one
     comma-separated line per row. A CSV file may be gzip-compressed.
+
+    Raises:
+        RecflowError: `batch_size` is not a positive integer, or `export_dir` is not a
+            readable SavedModel.
+        DataError: `data_file` cannot be read as the export's inputs.
     """
+    if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size <= 0:
+        raise RecflowError(f"batch_size: expected a positive integer, got {batch_size!r}")
     if not os.path.exists(os.path.join(export_dir, "saved_model.pb")):
         raise RecflowError(f"{export_dir}: not a SavedModel directory")
     if os.path.isdir(data_file):
