@@ -159,7 +159,27 @@ BAD_LINES = [
      "use dtype: string for feature 'id'"),
     ('6,"1.0,0', "malformed quotes"),
     ('6,1"0,0', "malformed quotes"),
+    # TensorFlow parses at most 31 characters (it failed the whole batch: exit 1)
+    (f"6,{'1' * 32},0", f"column 'price': expected a number of at most 31 characters without its "
+     f"leading zeros and decimals past the 16th, got '{'1' * 32}'"),
+    (f"6,1.5,{'1' * 32}", f"label 'click': expected a number of at most 31 characters without its "
+     f"leading zeros and decimals past the 16th, got '{'1' * 32}'"),
 ]
+
+
+def test_long_numbers_read_without_their_leading_zeros_and_far_decimals(tmp_path):
+    """`0.25` written with 32 decimals, an id with 30 leading zeros: TensorFlow's parse
+    failed on 32 characters or more (a traceback, even with on_bad_record: skip)."""
+    path = tmp_path / "long.csv"
+    rows = [("0" * 30 + "7", "0.25" + "0" * 30, "1." + "0" * 32),
+            ("-" + "0" * 25 + "12", "-000000000000000000000000012.125", "0"),
+            ("3", "0.1234567890123456789012345678901234e-3", "1")]
+    path.write_text("id,price,click\n" + "".join(",".join(r) + "\n" for r in rows), encoding="utf-8")
+    config = make_config({"train": str(path), "on_bad_record": "fail"}, [cat("id", "int64"), num("price")])
+    got, labels, bad = read_all(make_dataset(config, "train", epochs=1))
+    assert got["id"].tolist() == [7, -12, 3] and bad == 0
+    np.testing.assert_array_equal(got["price"], np.float32([0.25, -12.125, 0.1234567890123456e-3]))
+    assert labels["click"].tolist() == [1.0, 0.0, 1.0]
 
 
 def test_bad_records_are_skipped_and_counted(tmp_path):

@@ -82,3 +82,24 @@ def test_distinct_estimate_beyond_the_exact_range(monkeypatch):
         d.add(str(i))
         d.add(str(i))  # repeats do not count
     assert abs(d.estimate() - n) / n < 0.05
+
+
+def test_numbers_are_judged_as_training_reads_them(tmp_path):
+    """A number over 31 characters once leading zeros and decimals past the 16th are left
+    out is a bad row in training and here; so is a float32 overflow of a label (1e39 was
+    finite to Python's float). Leading zeros of an int64 id are its value."""
+    long = "1" * 32
+    rows = [
+        "0000000000000000000000000007,a,0.25" + "0" * 30 + ",1",  # fine: 7 and 0.25
+        f"2,a,{long},0",  # bad: too long
+        "3,b,1,1e39",  # bad: label overflows float32
+        f"4,b,2,{long}",  # bad: label too long
+    ]
+    raw, path = make(tmp_path, rows, max_bad_fraction=1.0)
+    report = check(config_from_dict(raw))
+    assert report["rows_read"] == 4 and report["bad_rows"] == 3
+    assert report["first_bad"] == (f"{path}: line 3: column 'price': expected a number of at most 31 "
+                                   f"characters without its leading zeros and decimals past the 16th, got '{long}'")
+    by_name = {f["feature"]: f for f in report["features"]}
+    assert by_name["user"]["parse_failures"] == 0 and by_name["price"]["min"] == 0.25
+    assert report["labels"][0]["values"] == {"1": 1, "0": 1, "1e39": 1, long: 1}

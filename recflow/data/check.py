@@ -153,6 +153,12 @@ def check(config: Config, rows: int | None = None) -> dict:
     return _report(config, files, read, bad, first_bad, stats)
 
 
+def _float32(text: str) -> float:
+    """A number's text as training reads it: a float32 (1e39 is inf), quietly."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(float(text)))
+
+
 def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | None:
     """Adds one value to the stats; returns why the row is bad, or None."""
     st.rows += 1
@@ -165,12 +171,19 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
     if need.kind == sources.LABEL:
         if need.positive is not None:
             value = 1.0 if text in need.positive else 0.0
-        elif _LABEL.fullmatch(text) and math.isfinite(float(text)):
+        else:  # as training reads it: a float32 of at most LONGEST_NUMBER characters
+            reason = None
+            if not _LABEL.fullmatch(text):
+                reason = "a number"
+            elif len(sources.shortened(text)) > sources.LONGEST_NUMBER:
+                reason = sources.TOO_LONG
+            elif not math.isfinite(_float32(text)):
+                reason = "a finite number"
+            if reason is not None:
+                st.failures += 1
+                st.counts[text] += 1
+                return f"label '{need.column}': expected {reason}, got '{text}'"
             value = float(text)
-        else:
-            st.failures += 1
-            st.counts[text] += 1
-            return f"label '{need.column}': expected a number, got '{text}'"
         st.counts[f"{value:g}"] += 1
         return None
     if need.separator is not None:  # multi_hot / sequence: count the ids training keeps
@@ -196,7 +209,10 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
         if not _NUMBER.fullmatch(text):
             st.failures += 1
             return f"column '{need.column}': expected a number, got '{text}'"
-        value = float(np.float32(float(text))) if text.lower().lstrip("+-") != "nan" else math.nan
+        if len(sources.shortened(text)) > sources.LONGEST_NUMBER:
+            st.failures += 1
+            return f"column '{need.column}': expected {sources.TOO_LONG}, got '{text}'"
+        value = _float32(text) if text.lower().lstrip("+-") != "nan" else math.nan
         if math.isfinite(value):
             st.numbers.append(value)
         else:

@@ -189,19 +189,30 @@ def _convert(
         hit = tf.reduce_any(tf.equal(text[:, None], tf.constant(list(use.positive))), axis=1)
         return tf.cast(hit, tf.float32), (~empty, _reason(use, "a value", text)), None
     pattern = _NUMBER_OR_SPECIAL if use.kind == FLOAT else _NUMBER
-    valid = tf.strings.regex_full_match(text, pattern)
+    short = text
+    for old, new in sources.SHORTENED:
+        short = tf.strings.regex_replace(short, old, new)
+    fits = tf.strings.length(short) <= sources.LONGEST_NUMBER
+    number = tf.strings.regex_full_match(text, pattern)
+    valid = number & fits
+    long = _reason(use, sources.TOO_LONG, text)
     if use.kind == LABEL:
-        value = tf.strings.to_number(tf.where(valid, text, "0"), tf.float32)
-        number, finite = _reason(use, "a number", text), _reason(use, "a finite number", text)
+        value = tf.strings.to_number(tf.where(valid, short, "0"), tf.float32)
+        other, finite = _reason(use, "a number", text), _reason(use, "a finite number", text)
         hint = " (data.positive maps raw label values to 1)"
 
         def why(i):
             text_hint = tf.where(empty[i], "", hint)
-            return tf.where(valid[i], finite(i), tf.strings.join([number(i), text_hint]))
+            wrong = tf.where(number[i], long(i), tf.strings.join([other(i), text_hint]))
+            return tf.where(valid[i], finite(i), wrong)
 
         return value, (valid & tf.math.is_finite(value), why), None
-    value = tf.strings.to_number(tf.where(valid, text, "nan"), tf.float32)
-    return value, (valid | empty, _reason(use, "a number", text)), valid & ~tf.math.is_finite(value)
+    value = tf.strings.to_number(tf.where(valid, short, "nan"), tf.float32)
+
+    def why(i):
+        return tf.where(number[i], long(i), _reason(use, "a number", text)(i))
+
+    return value, (valid | empty, why), valid & ~tf.math.is_finite(value)
 
 
 def _reason(use: sources.Need, expected: str, text: tf.Tensor):

@@ -29,6 +29,22 @@ _BAD_RECORD_RE = re.compile(re.escape(BAD_RECORD_TAG) + r"(.*)\]")
 NUMBER = r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"
 NUMBER_OR_SPECIAL = NUMBER + r"|[+-]?(?i:nan|inf)"  # numeric features: "nan" reads as missing
 
+# TensorFlow's text-to-number parse reads at most 31 characters: a number is read without
+# its leading zeros and its decimals past the 16th (below float32's precision, and float64's
+# to 1e-16), and one still longer is a bad row. (pattern, replacement) pairs, for `re` and RE2.
+SHORTENED = ((r"^([+-]?)0+([0-9])", r"\1\2"), (r"(\.[0-9]{16})[0-9]+", r"\1"))
+LONGEST_NUMBER = 31
+
+
+def shortened(text: str) -> str:
+    """`text` as the training reader hands it to TensorFlow's parse (`SHORTENED`)."""
+    for pattern, replacement in SHORTENED:
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
+TOO_LONG = f"a number of at most {LONGEST_NUMBER} characters without its leading zeros and decimals past the 16th"
+
 
 def _digits_at_most(bound: str) -> str:
     """A pattern of the digit strings of `bound`'s length whose value is at most `bound`."""
@@ -41,9 +57,9 @@ def _digits_at_most(bound: str) -> str:
 
 
 # Exactly the integers of int64, [-2**63, 2**63 - 1].
-INT64_TEXT = (
-    rf"(?:\d{{1,18}}|{_digits_at_most(str(2**63 - 1))}"
-    rf"|-(?:\d{{1,18}}|{_digits_at_most(str(2**63))}))"
+INT64_TEXT = (  # leading zeros allowed: "007" is 7 (TensorFlow's parse reads any number of them)
+    rf"(?:0*(?:\d{{1,18}}|{_digits_at_most(str(2**63 - 1))})"
+    rf"|-0*(?:\d{{1,18}}|{_digits_at_most(str(2**63))}))"
 )
 DIGITS = r"-?\d+"  # an integer of any size, as INT64_TEXT writes one (no "+": TF's parse refuses it)
 
