@@ -433,7 +433,9 @@ BAD = [
     ),
     ("zero-epochs", _set("train.epochs", 0), "train.epochs", "expected a positive integer, got 0"),
     ("empty-model-dir", _set("train.model_dir", ""), "train.model_dir", "non-empty"),
-    ("long-delimiter", _set("data.csv.delimiter", ";;"), "data.csv.delimiter", "one character"),
+    ("long-delimiter", _set("data.csv.delimiter", ";;"), "data.csv.delimiter", "one ASCII character"),
+    # one character of two bytes: TensorFlow's CSV parse failed after data check had passed
+    ("non-ascii-delimiter", _set("data.csv.delimiter", "\u00a6"), "data.csv.delimiter", "one ASCII character"),
     (
         "no-header-no-columns",
         _set("data.csv.header", False),

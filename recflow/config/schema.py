@@ -44,7 +44,7 @@ class CsvOptions:
     """CSV parsing of the training, eval and predicted files (`data.csv`).
 
     Attributes:
-        delimiter: the field separator, one character (`"\\t"` in double quotes for a tab).
+        delimiter: the field separator, one ASCII character (`"\\t"` in double quotes for a tab).
         header: true: the first line of each file names the columns; false: give `columns`.
         columns: the column names, in file order, of files without a header line.
     """
@@ -54,8 +54,8 @@ class CsvOptions:
     columns: tuple[str, ...] | None = None  # column names when the files have no header
 
     def validate(self) -> None:
-        if len(self.delimiter) != 1:
-            raise ConfigError("delimiter", f"expected one character, got {self.delimiter!r}")
+        if len(self.delimiter.encode("utf-8")) != 1:  # TensorFlow's CSV parse splits on one byte
+            raise ConfigError("delimiter", f"expected one ASCII character, got {self.delimiter!r}")
         if not self.header and not self.columns:
             raise ConfigError("columns", "required when header is false")
 
