@@ -538,3 +538,24 @@ def test_a_tfrecord_scalar_of_another_length_is_one_bad_row(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError) as info:
         read_all(make_dataset(config, "train", epochs=1))
     assert bad_record_message(info.value) == f"{path}: record 2: column 'u': expected one value, got 2"
+
+
+@pytest.mark.parametrize("column", ["price", "shop"])
+def test_parquet_nulls_are_refused_before_reading(tmp_path, column):
+    """tensorflow-io shifts the values after a null (a float column trained on wrong rows,
+    exit 0) or aborts the process (a string column: exit 134, no recflow line)."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    values = {"price": [1.0, 2.0, 3.0, 4.0], "shop": ["a", "b", "c", "d"]}
+    values[column][2] = None
+    path = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({**values, "click": [1.0, 0.0, 1.0, 0.0]}), path, row_group_size=2)
+    config = make_config({"format": "parquet", "train": path}, [cat("shop"), num("price")])
+    with pytest.raises(DataError) as info:
+        check_sources(config)
+    assert str(info.value) == (f"{path}: column '{column}' holds 1 null(s), which the Parquet reader "
+                               "mis-reads (the values after a null shift): write a missing number as NaN "
+                               "and a missing string as \"\"")
+    pq.write_table(pa.table({**values, "click": [1.0, 0.0, 1.0, 0.0]}), path, write_statistics=False)
+    with pytest.raises(DataError, match=f"column '{column}' holds 1 null"):
+        check_sources(config)  # counted by reading the column

@@ -1,9 +1,10 @@
 """Parquet files -> batches, read with `tensorflow_io.IODataset.from_parquet`.
 
 Limitations (tensorflow-io 0.37.1, measured):
-- NULLs are mis-read: the values after a null shift. Write missing numbers as a
-  float NaN value and missing strings as "" (`recflow.data.writer` does), never
-  as nulls.
+- NULLs are mis-read: the values after a null shift (a null in a string column
+  aborts the process). Write missing numbers as a float NaN value and missing
+  strings as "" (`recflow.data.writer` does), never as nulls: a file with a null
+  in a column the config reads is refused up front (`sources.check_parquet_nulls`).
 - `from_parquet` opens the file when the dataset is built, so the files must be
   readable from the process that builds the pipeline; building it in graph mode
   (inside `tf.function`) needs pyarrow for the column types.

@@ -313,6 +313,35 @@ def parquet_columns(file: str) -> list[str] | None:
         raise DataError(f"{file}: cannot read the Parquet schema ({e})") from None
 
 
+def check_parquet_nulls(file: str, columns: list[str]) -> None:
+    """Raises DataError naming the first of `columns` that holds a null: tensorflow-io
+    mis-reads them (the values after a null shift; a null in a string column aborts the
+    process). Counted from the file's statistics, or by reading the column where a row
+    group has none."""
+    import pyarrow.parquet as pq
+
+    try:
+        parquet = pq.ParquetFile(file)
+        meta = parquet.metadata
+        index = {meta.schema.column(i).name: i for i in range(meta.num_columns)}
+        for column in columns:
+            nulls = 0
+            for group in range(meta.num_row_groups):
+                stats = meta.row_group(group).column(index[column]).statistics
+                if stats is None or not stats.has_null_count:
+                    nulls = parquet.read(columns=[column]).column(0).null_count
+                    break
+                nulls += stats.null_count
+            if nulls:
+                raise DataError(
+                    f"{file}: column '{column}' holds {nulls} null(s), which the Parquet reader "
+                    "mis-reads (the values after a null shift): write a missing number as NaN and "
+                    "a missing string as \"\""
+                )
+    except OSError as e:
+        raise DataError(f"{file}: cannot read the Parquet metadata ({e})") from None
+
+
 def check_columns(
     file: str, available: Iterable[str], uses: Iterable[Need], delimiter: str | None = None
 ) -> None:
@@ -356,6 +385,7 @@ def check_files(config: Config, files: list[str]) -> None:
             columns = parquet_columns(file)
             if columns is not None:
                 check_columns(file, columns, uses)
+                check_parquet_nulls(file, sorted({use.column for use in uses}))
         elif not os.path.isfile(file):
             raise DataError(f"{file}: no such file")
 
