@@ -4,7 +4,11 @@ exports, model dirs that are missing or foreign. Each case exits 2 with exactly 
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
+from test_cli_errors import HEADER, ROWS, tiny_config, write_config, write_csv
 
 from recflow.cli import main
 from recflow.errors import RecflowError
@@ -38,3 +42,50 @@ def test_predict_file_refuses_a_batch_size_that_is_not_a_positive_integer(tmp_pa
     with pytest.raises(RecflowError) as caught:
         list(predict_file(str(tmp_path / "export"), str(tmp_path / "a.csv"), batch_size=value))
     assert str(caught.value) == f"batch_size: expected a positive integer, got {value!r}"
+
+
+# ----------------------------------------------------------------------------- damaged exports
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A model dir trained 2 steps on 8 rows, with its export (version 2): (config, model dir, data)."""
+    folder = tmp_path_factory.mktemp("trained")
+    data = write_csv(folder, [HEADER, *ROWS])
+    config = write_config(folder, tiny_config(folder))
+    assert main(["train", config, "--quiet"]) == 0
+    return config, folder / "run", data
+
+
+@pytest.fixture
+def model_dir(trained, tmp_path):
+    """A copy of the trained model dir, to damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(trained[1], copy)
+    return copy
+
+
+def damage(export: Path, how: str) -> None:
+    variables = export / "variables"
+    if how == "truncated":
+        data = variables / "variables.data-00000-of-00001"
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    elif how == "no-index":
+        (variables / "variables.index").unlink()
+    else:
+        shutil.rmtree(variables)
+
+
+@pytest.mark.parametrize(
+    "how, reason",
+    [
+        ("truncated", "damaged SavedModel, it does not load: Read less bytes than requested"),
+        ("no-index", "damaged SavedModel: variables/variables.index is missing"),
+        ("no-variables", "damaged SavedModel: variables/variables.index is missing"),
+    ],
+)
+def test_predict_on_a_damaged_export_is_one_line(trained, model_dir, capsys, how, reason):
+    export = model_dir / "export" / "2"
+    damage(export, how)
+    line = run_error(capsys, ["predict", str(export), trained[2]])
+    assert line == f"recflow: {export}: {reason}"

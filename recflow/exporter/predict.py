@@ -209,7 +209,7 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
     if not os.path.exists(data_file):
         raise DataError(f"{data_file}: no such file")
     config = _export_config(export_dir)
-    serve = tf.saved_model.load(export_dir).signatures["serving_default"]
+    serve = _load(export_dir).signatures["serving_default"]
     specs = serve.structured_input_signature[1]
     features = {f["name"]: f for f in config.get("features", [])}
     sources = {name: features.get(name, {}).get("column") or name for name in sorted(specs)}
@@ -234,6 +234,22 @@ def predict_file(export_dir: str, data_file: str, batch_size: int = 4096) -> Ite
         result = serve(**batch)
         texts = [_format(result[o].numpy()) for o in outputs]
         yield from (",".join(parts) for parts in zip(*texts))
+
+
+def _load(export_dir: str):
+    """The SavedModel at `export_dir`; a damaged one (a variables file missing, cut
+    short or with flipped bytes, a saved_model.pb that does not parse) is one line
+    naming the export and what is wrong."""
+    index = os.path.join("variables", "variables.index")
+    if not os.path.exists(os.path.join(export_dir, index)):
+        raise RecflowError(f"{export_dir}: damaged SavedModel: {index} is missing")
+    try:
+        return tf.saved_model.load(export_dir)
+    except (tf.errors.OpError, OSError, IndexError, ValueError) as e:
+        # A data file cut short: IndexError; a saved_model.pb that does not parse: OSError.
+        text = getattr(e, "message", None) or str(e) or type(e).__name__
+        text = re.sub(r"\{\{.*?\}\}|\s*\[Op:\w+\]", "", text)  # {{function_node ...}}, [Op:RestoreV2]
+        raise RecflowError(f"{export_dir}: damaged SavedModel, it does not load: {' '.join(text.split())[:200]}") from None
 
 
 def _is_parquet(path: str) -> bool:
