@@ -89,3 +89,53 @@ def test_predict_on_a_damaged_export_is_one_line(trained, model_dir, capsys, how
     damage(export, how)
     line = run_error(capsys, ["predict", str(export), trained[2]])
     assert line == f"recflow: {export}: {reason}"
+
+
+def files_of(folder: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def predicted_lines(capsys, export: Path, data: str) -> list[str]:
+    capsys.readouterr()
+    assert main(["predict", str(export), data]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("how", ["truncated", "no-variables"])
+def test_export_writes_a_damaged_version_again_and_sets_it_aside(trained, model_dir, capsys, how):
+    config, _, data = trained
+    export = model_dir / "export" / "2"
+    whole = files_of(export)
+    damage(export, how)
+    damaged = files_of(export)
+    capsys.readouterr()
+    assert main(["export", config, "--model-dir", str(model_dir)]) == 0
+    out, err = capsys.readouterr()
+    assert out == f"{export}\n"
+    aside = model_dir / "export" / ".damaged" / "2"
+    assert err.startswith(f"recflow: warning: {export}: damaged export (") and f"moved to {aside}" in err
+    assert files_of(aside) == damaged  # set aside as it was
+    assert files_of(export).keys() == whole.keys()
+    original = trained[1] / "export" / "2"  # the same checkpoint: the same scores
+    assert predicted_lines(capsys, export, data) == predicted_lines(capsys, original, data)
+
+
+def test_export_keeps_a_whole_version_as_it_is(trained, model_dir, capsys):
+    export = model_dir / "export" / "2"
+    before = files_of(export)
+    capsys.readouterr()
+    assert main(["export", trained[0], "--model-dir", str(model_dir)]) == 0
+    assert files_of(export) == before  # not rewritten: same sizes and times
+    assert not (model_dir / "export" / ".damaged").exists()
+
+
+def test_train_of_a_complete_run_writes_its_damaged_export_again(trained, model_dir, capsys):
+    export = model_dir / "export" / "2"
+    damage(export, "truncated")
+    capsys.readouterr()
+    assert main(["train", trained[0], "--quiet", "--model-dir", str(model_dir)]) == 0
+    assert "damaged export" in capsys.readouterr().err
+    assert (model_dir / "export" / ".damaged" / "2").is_dir()
+    original = trained[1] / "export" / "2"
+    assert predicted_lines(capsys, export, trained[2]) == predicted_lines(capsys, original, trained[2])

@@ -14,8 +14,8 @@ and it owns the state that goes with them:
 - the lifecycle rebuild (`evict`, on the checkpoint schedule), which keeps the
   ids it removes for the next delta once a delta chain is on;
 - the delta chain (`recflow.training.deltas`: one sequence counter; a Kafka
-  stream adds its offsets through `delta_info`) and export versions (a version
-  is never rewritten);
+  stream adds its offsets through `delta_info`) and export versions (a whole
+  version is never rewritten; a damaged one is set aside and written again);
 - `metrics.json` and `config.yaml`.
 
 Directories (exports, deltas) are written to a temp dir beside their place and
@@ -35,6 +35,8 @@ from typing import Callable
 
 import tensorflow as tf
 import yaml
+from google.protobuf.message import DecodeError
+from tensorflow.core.protobuf import saved_model_pb2
 
 from recflow.atomic import staged_dir, write_json
 from recflow.config.loader import dump_config
@@ -331,8 +333,10 @@ class ModelDir(Layout):
         """Writes `export/<global step>/` (a SavedModel, see `recflow.exporter.saved_model`)
         and keeps the newest `export.keep` versions; returns its path.
 
-        A version is never rewritten: an existing export of the same step and model
-        structure (a replayed step, or `recflow export` run twice) is kept as it is.
+        A whole version is never rewritten: an existing export of the same step and
+        model structure (a replayed step, or `recflow export` run twice) is kept as it
+        is. A damaged one of that structure (see `export_problem`) is moved to
+        `export/.damaged/<step>`, with a warning naming it, and written again.
 
         Raises:
             RecflowError: an export of this step exists for another model structure.
@@ -351,8 +355,15 @@ class ModelDir(Layout):
                         f"({differs}); versions are never rewritten: move it away, or train on "
                         "to a later step"
                     )
-                logger.info("%s exists (same step, same structure): kept", final)
-                return final
+                problem = export_problem(final)
+                if problem is None:
+                    logger.info("%s exists (same step, same structure): kept", final)
+                    return final
+                aside = os.path.join(self.export_dir, DAMAGED_DIR, str(step))
+                shutil.rmtree(aside, ignore_errors=True)  # one set aside before: this one is newer
+                os.makedirs(os.path.dirname(aside), exist_ok=True)
+                os.replace(final, aside)
+                logger.warning("%s: damaged export (%s), moved to %s; writing it again", final, problem, aside)
             with staged_dir(final) as tmp:
                 self._exporter.save(tmp, step)
             keep = self.config.export.keep
@@ -377,7 +388,29 @@ class ModelDir(Layout):
         write_json(self.metrics_path, {**self.metrics(), **result} if merge else result)
 
     def ended(self, step: int) -> bool:
-        """Whether the model dir has the metrics (and the export, unless `export.at_end`
+        """Whether the model dir has the metrics (and the whole export, unless `export.at_end`
         is off) of a run that ended at `step`."""
-        exported = not self.config.export.at_end or os.path.isdir(os.path.join(self.export_dir, str(step)))
-        return self.metrics().get("steps") == step and exported
+        if self.metrics().get("steps") != step:
+            return False
+        final = os.path.join(self.export_dir, str(step))
+        return not self.config.export.at_end or (os.path.isdir(final) and export_problem(final) is None)
+
+
+DAMAGED_DIR = ".damaged"  # export/.damaged/<step>: versions that did not read back whole
+
+
+def export_problem(path: str) -> str | None:
+    """None when the SavedModel at `path` reads back whole, else why not (one line): its
+    saved_model.pb must parse and every tensor of its variables read back (TF checks
+    each one's length and CRC32C, see `checkpoints.verify_checkpoint`)."""
+    try:
+        with open(os.path.join(path, "saved_model.pb"), "rb") as f:
+            saved_model_pb2.SavedModel.FromString(f.read())
+    except OSError as e:
+        return f"saved_model.pb: {e.strerror}"
+    except DecodeError:
+        return "saved_model.pb does not parse"
+    variables = os.path.join(path, "variables", "variables")
+    if not os.path.exists(variables + ".index"):
+        return "variables/variables.index is missing"
+    return checkpoints.verify_checkpoint(variables)
