@@ -21,7 +21,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from recflow.errors import ConfigError, RecflowError, one_line
+from recflow.errors import ConfigError, RecflowError, one_line, op_reason
 from recflow.layout import Layout
 
 
@@ -187,7 +187,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-_context: dict[str, str] = {}  # what an error without a path can name
+_context: dict = {}  # what an error without a path can name: "model_dir", "config"
 
 
 def _load(args, check_data: bool = True, tensorflow: bool = True):
@@ -202,6 +202,7 @@ def _load(args, check_data: bool = True, tensorflow: bool = True):
     # plan and export read no data: data.train may be left out
     config = load_config(args.config, overrides, needs_data=args.command not in ("plan", "export"))
     _context["model_dir"] = config.train.model_dir
+    _context["config"] = config
     if check_data:
         check_sources(config)
     if config.data.format == "kafka" and args.command == "train":
@@ -492,8 +493,27 @@ def _environment_error(exc: BaseException) -> str | None:
     if isinstance(exc, tf.errors.NotFoundError) and "No such file" in text:
         return f"{path}: no such file (removed while recflow ran?)"
     if isinstance(exc, tf.errors.DataLossError):
-        return f"{path}: damaged file ({' '.join(text.split())[:160]})"
+        where = path if path != "?" else _truncated_record() or "a data file"
+        return f"{where}: damaged file ({op_reason(text)[:160]})"
     return None
+
+
+def _truncated_record() -> str | None:
+    """The first truncated record of the command's TFRecord files (TensorFlow's message
+    names no file), or None."""
+    config = _context.get("config")
+    if config is None or config.data.format != "tfrecord":
+        return None
+    from recflow.data import sources, tfrecord
+
+    try:  # while reporting another error: a file gone since is no reason to raise
+        return tfrecord.first_truncated(sources.expand([*config.data.train, *config.data.eval], "data"))
+    except (RecflowError, OSError):
+        return None
+
+
+_LISTS = {"string": "a bytes_list", "int64": "an int64_list", "float": "a float_list"}
+_MIXED_LISTS = re.compile(r"Key: (.+?), Index: \d+\.\s+Data types don't match\. Expected type: (\w+), Actual type: (\w+)")
 
 
 def _user_error(exc: BaseException) -> str | None:
@@ -509,6 +529,12 @@ def _user_error(exc: BaseException) -> str | None:
         if isinstance(exc, tf.errors.InvalidArgumentError):
             from recflow.data import bad_record_message
 
+            mixed = _MIXED_LISTS.search(exc.message or "")
+            if mixed:  # parse_example fails a whole batch: no record to name
+                column, expected, got = mixed.groups()
+                return (f"a TFRecord record stores column '{column}' as {_LISTS.get(got, got)}, where the "
+                        f"first record of the first file has {_LISTS.get(expected, expected)}: store each "
+                        "column as one list type in every record")
             return bad_record_message(exc)
     return None
 

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import re
+
 
 def one_line(text: str) -> str:
     """`text` with line breaks and other unprintable characters escaped, as `repr` does."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def op_reason(message: str) -> str:
+    """The reason line of a TensorFlow op error's message, without its function and node
+    names, stack and `[Op:...]` parts (`StringToNumberOp could not correctly convert ...`)."""
+    lines = [
+        line for line in message.splitlines()
+        if line.strip() and not line[0].isspace()
+        and not line.startswith(("Graph execution error", "Detected at node", "<stack traces"))
+    ]
+    text = lines[-1] if lines else message
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    return re.sub(r"\s*\[\[.*$|\s*\[Op:[^\]]*\].*$", "", text).strip()
 
 
 def listed(names: list[str], shown: int = 3) -> str:

@@ -665,3 +665,37 @@ def test_tables_reads_a_module_model_dir_from_anywhere(tmp_path, capsys):
     for name, seen in ids.items():  # each id once, and its first-order weight beside it
         assert tables[name]["keys"] == len(seen), tables
         assert tables[name + ".linear"]["keys"] == len(seen), tables
+
+
+def _write_examples(path, ids: list) -> None:
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as out:
+        for i, u in enumerate(ids):
+            value = (tf.train.Feature(int64_list=tf.train.Int64List(value=[u])) if isinstance(u, int)
+                     else tf.train.Feature(bytes_list=tf.train.BytesList(value=[u.encode()])))
+            feature = {"user_id": value, "item_id": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"a"])),
+                       "price": tf.train.Feature(float_list=tf.train.FloatList(value=[1.0])),
+                       "click": tf.train.Feature(float_list=tf.train.FloatList(value=[float(i % 2)]))}  # fmt: skip
+            out.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
+
+
+def test_damaged_tfrecord_files_are_named(tmp_path, capsys):
+    """A truncated file was `?: damaged file ({{function_node __wrapped__...` cut at 160
+    characters; a record of another list type was a traceback (exit 1)."""
+    data = tmp_path / "train"
+    data.mkdir()
+    _write_examples(data / "a.tfrecord", list(range(8)))
+    _write_examples(data / "b.tfrecord", list(range(8)))
+    whole = (data / "b.tfrecord").read_bytes()
+    (data / "b.tfrecord").write_bytes(whole[: len(whole) - 30])  # the last record cut short
+    raw = tiny_config(tmp_path, format="tfrecord", train=str(data / "*.tfrecord"))
+    raw["train"]["steps"] = 8
+    config = write_config(tmp_path, raw)
+    line = run_error(capsys, ["train", config, "--quiet"])
+    assert line.startswith(f"recflow: {data / 'b.tfrecord'}: record 8: damaged file (truncated record at "), line
+    assert "function_node" not in line and "[Op:" not in line, line
+    _write_examples(data / "b.tfrecord", [0, 1, "2", 3])  # one record stores the id as bytes
+    line = run_error(capsys, ["train", config, "--quiet"])
+    assert line == ("recflow: a TFRecord record stores column 'user_id' as a bytes_list, where the first "
+                    "record of the first file has an int64_list: store each column as one list type in every record")

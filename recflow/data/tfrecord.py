@@ -15,6 +15,7 @@ messages name it as `{file}: record {n}` (1-based).
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Sequence
 
@@ -53,6 +54,23 @@ def stored_dtypes(file: str) -> dict[str, tf.DType]:
         if kind in _LIST_DTYPES:
             result[name] = _LIST_DTYPES[kind]
     return result
+
+
+def first_truncated(files: Sequence[str]) -> str | None:
+    """`{file}: record {n}` of the first record of `files` that ends before its framing says
+    (what TensorFlow reports as a `truncated record` without naming the file), or None.
+    Reads the length headers only."""
+    for file in files:
+        size, at, n = os.path.getsize(file), 0, 0
+        with open(file, "rb") as f:
+            while at < size:
+                n += 1
+                f.seek(at)
+                head = f.read(12)  # uint64 length, uint32 masked CRC of the length
+                at += 12 + (struct.unpack("<Q", head[:8])[0] + 4 if len(head) == 12 else 0)
+                if len(head) < 12 or at > size:
+                    return f"{file}: record {n}"
+    return None
 
 
 def _one_value_checks(parsed: dict, scalar: set[str]) -> list[records.Check]:

@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from recflow.errors import op_reason
 from recflow.serve.state import DEFAULT_SIGNATURE, ModelFollower
 
 logger = logging.getLogger(__name__)
@@ -135,16 +136,8 @@ def answer(body: bytes, served) -> str:
     try:
         out = served.predict(feed, name)
     except tf.errors.InvalidArgumentError as exc:
-        raise BadRequest(f"{name}: the model refused an input value: {_op_reason(exc.message)}") from None
+        raise BadRequest(f"{name}: the model refused an input value: {op_reason(exc.message)}") from None
     return json.dumps(_response(out, rows))
-
-
-def _op_reason(message: str) -> str:
-    """The reason line of a TF op error, without its node, stack and `[Op:...]` parts."""
-    lines = [line for line in message.splitlines()
-             if line.strip() and not line[0].isspace()
-             and not line.startswith(("Graph execution error", "Detected at node", "<stack traces"))]
-    return re.sub(r"\s*\[\[.*$|\s*\[Op:[^\]]*\]$", "", lines[-1] if lines else message)
 
 
 def _response(out: dict, rows: bool) -> dict:
