@@ -259,6 +259,10 @@ def test_missing_and_non_finite_numbers_take_the_neutral_value():
     log_standard = {"type": "standard", "mean": 1.0, "std": 2.0, "log1p": True}
     got = normalize(numeric(log_standard), tf.constant([np.nan, np.e - 1])).numpy().reshape(-1)
     np.testing.assert_allclose(got, [0.0, 0.0], atol=1e-6)  # (log1p(e - 1) - 1) / 2 = 0
+    # bucketize: the bucket's index over the number of boundaries, as its docs say
+    x = np.array([0.0, 6.0, 11.9, 12.0, 18.0, 23.0, np.nan])
+    got = normalize(numeric({"type": "bucketize", "boundaries": [6, 12, 18]}), tf.constant(x, tf.float32))
+    np.testing.assert_allclose(got.numpy().reshape(-1), np.digitize(np.nan_to_num(x), [6, 12, 18]) / 3, rtol=1e-6)
 
 
 def test_multi_hot_rows_are_cut_to_max_values_and_counted():

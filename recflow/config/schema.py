@@ -295,7 +295,8 @@ class AutoNormalizer:
 
 @dataclass(frozen=True)
 class BucketizeNormalizer:
-    """The index of the bucket a value falls in, as a number (`x < b[0]`: 0, ..., `x >= b[-1]`: len(b)).
+    """The index of the bucket a value falls in, divided by the number of boundaries: a number
+    in [0, 1] (`x < b[0]`: 0, `b[0] <= x < b[1]`: 1/len(b), ..., `x >= b[-1]`: 1).
 
     Attributes:
         type: selects this normalizer.
