@@ -321,6 +321,14 @@ BAD = [
         "tables.item.optimizer.beta_1",
         "[0, 1)",
     ),
+    # a zero gradient over a zero denominator: the loss turned NaN ("lower the learning rates")
+    ("adam-zero-epsilon", _set("tables.item.optimizer", {"type": "adam", "epsilon": 0}),
+     "tables.item.optimizer.epsilon", "expected a positive number, got 0"),
+    ("adagrad-zero-epsilon-and-accumulator",
+     _set("tables.item.optimizer", {"type": "adagrad", "epsilon": 0, "initial_accumulator_value": 0}),
+     "tables.item.optimizer.epsilon", "expected a positive number when initial_accumulator_value is 0"),
+    ("adagrad-negative-epsilon", _set("tables.item.optimizer", {"type": "adagrad", "epsilon": -1e-7}),
+     "tables.item.optimizer.epsilon", "expected a non-negative"),
     (
         "eviction-empty",
         _set("tables.item.eviction", {}),

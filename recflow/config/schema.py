@@ -624,6 +624,9 @@ class AdagradConfig:
     def validate(self) -> None:
         _positive(self, "learning_rate")
         _non_negative(self, "initial_accumulator_value")
+        _non_negative(self, "epsilon")
+        if self.initial_accumulator_value == 0 and self.epsilon == 0:  # 0 / (sqrt(0) + 0) on a zero gradient
+            raise ConfigError("epsilon", "expected a positive number when initial_accumulator_value is 0, got 0")
 
 
 @dataclass(frozen=True)
@@ -651,6 +654,7 @@ class AdamConfig:
         for name in ("beta_1", "beta_2"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ConfigError(name, f"expected a number in [0, 1), got {getattr(self, name)}")
+        _positive(self, "epsilon")  # a value never updated has m = v = 0: 0 / (sqrt(0) + 0)
 
 
 @dataclass(frozen=True)
