@@ -139,3 +139,26 @@ def test_train_of_a_complete_run_writes_its_damaged_export_again(trained, model_
     assert (model_dir / "export" / ".damaged" / "2").is_dir()
     original = trained[1] / "export" / "2"
     assert predicted_lines(capsys, export, trained[2]) == predicted_lines(capsys, original, trained[2])
+
+
+# ----------------------------------------------------------------------------- model dirs
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export"])
+def test_a_reader_of_a_missing_model_dir_creates_nothing(trained, tmp_path, capsys, command):
+    typo = tmp_path / "typo" / "run1"
+    line = run_error(capsys, [command, trained[0], "--model-dir", str(typo)])
+    assert line == f"recflow: {typo}/checkpoints: no checkpoint to read (train first)"
+    assert not (tmp_path / "typo").exists()
+    # ... so serve says so, instead of waiting for an export in the dir left behind
+    line = run_error(capsys, ["serve", str(typo)])
+    assert line == f"recflow: {typo}: no such model dir"
+
+
+@pytest.mark.parametrize("command", ["evaluate", "export"])
+def test_a_reader_of_a_model_dir_without_checkpoint_writes_nothing(trained, tmp_path, capsys, command):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = run_error(capsys, [command, trained[0], "--model-dir", str(empty)])
+    assert line == f"recflow: {empty}/checkpoints: no checkpoint to read (train first)"
+    assert list(empty.iterdir()) == []

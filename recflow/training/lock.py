@@ -1,7 +1,9 @@
 """The model dir's writer lock: one writer at a time, and no stale temp files.
 
 - `writer(model_dir, command)`: holds the lock for a block, after removing what
-  killed writers left. Train, export and evaluate run inside it.
+  killed writers left. Train, export and evaluate run inside it; only train
+  creates a model dir (export and evaluate refuse one without a checkpoint
+  before writing anything, the lock file included).
 - `writer_lock(model_dir, command)`: an advisory `fcntl.flock` on
   `MODEL_DIR/.lock`, holding the writer's PID. A second writer gets a one-line
   error naming the holder. The kernel drops the lock when the holder dies,
@@ -35,18 +37,39 @@ def writer(model_dir: str, command: str) -> Iterator[None]:
     """Holds the writer lock of `model_dir` for the block (`command` names the holder
     to a second writer), after removing the temps of killed writers.
 
+    Only `train` creates the model dir. Export and evaluate read its checkpoint: where
+    there is none and no writer ever locked the dir (no `.lock`; a model dir that does
+    not exist included), they are refused before anything is written, the lock file
+    included. Where a `.lock` is, the lock comes first: a training run that has not
+    written its first checkpoint yet is named as the holder.
+
     Raises:
-        RecflowError: another process holds it, or `model_dir` cannot be a model dir.
+        RecflowError: another process holds it, `model_dir` cannot be a model dir, or
+            (not `train`) it has neither a lock file nor a checkpoint.
     """
+    if command != "train" and not os.path.exists(Layout(model_dir).lock_path):
+        require_checkpoint(model_dir)
     with writer_lock(model_dir, command):
         remove_stale_temps(model_dir)
         yield
 
 
-def ensure_dir(model_dir: str) -> None:
-    """Creates the model dir; one-line errors when the path is a file or cannot be made."""
+def require_checkpoint(model_dir: str) -> None:
+    """Refuses, in one line and creating nothing, a model dir with no checkpoint files to read."""
+    _refuse_a_file(model_dir)
+    checkpoint_dir = Layout(model_dir).checkpoint_dir
+    if not glob.glob(os.path.join(glob.escape(checkpoint_dir), "ckpt-*.index")):
+        raise RecflowError(f"{checkpoint_dir}: no checkpoint to read (train first)")
+
+
+def _refuse_a_file(model_dir: str) -> None:
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise RecflowError(f"{model_dir}: model dir is an existing file, not a directory")
+
+
+def ensure_dir(model_dir: str) -> None:
+    """Creates the model dir; one-line errors when the path is a file or cannot be made."""
+    _refuse_a_file(model_dir)
     try:
         os.makedirs(model_dir, exist_ok=True)
     except OSError as e:
