@@ -45,3 +45,16 @@ def test_the_clis_tensorflow_import_leaves_out_pandas_and_setuptools_and_freezes
         "pandas": False, "setuptools": False, "pkg_resources": False, "tf.lite": True,
         "gc enabled": True, "tensorflow tracked": False, "collected": 1,
     }
+
+
+def test_a_retrieval_run_prints_nothing_on_stderr(tmp_path):
+    """The in-batch candidates' integer reduce made oneDNN log `E ... oneDNN supports
+    DT_INT64 only on platforms with AVX-512` on every two-tower run."""
+    env = {k: v for k, v in os.environ.items() if k != "RECFLOW_DEBUG"}
+    done = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "train", "configs/two_tower.yaml", "--quiet",
+         "--model-dir", str(tmp_path / "m"), "--set", "train.epochs=null", "--set", "train.steps=3"],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""

@@ -229,8 +229,9 @@ def in_batch_candidates(candidate: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
     norm = tf.reduce_sum(tf.square(c), axis=1)
     scale = norm[:, None] + norm[None, :]
     same = scale - 2.0 * tf.matmul(c, c, transpose_b=True) <= 1e-5 * scale
-    rows = tf.range(tf.shape(c, out_type=tf.int64)[0])
-    ids = tf.reduce_min(tf.where(same, rows[None, :], rows[:, None]), axis=1)
+    # The rows as floats (exact below 2**24): oneDNN logs an error line for an integer reduce.
+    rows = tf.range(tf.cast(tf.shape(c)[0], tf.float32))
+    ids = tf.cast(tf.reduce_min(tf.where(same, rows[None, :], rows[:, None]), axis=1), tf.int64)
     return ids, tf.reduce_mean(tf.cast(same, tf.float32), axis=1)
 
 
