@@ -162,3 +162,17 @@ def test_a_reader_of_a_model_dir_without_checkpoint_writes_nothing(trained, tmp_
     line = run_error(capsys, [command, trained[0], "--model-dir", str(empty)])
     assert line == f"recflow: {empty}/checkpoints: no checkpoint to read (train first)"
     assert list(empty.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["checkpoints", "export", "deltas", "logs"])
+def test_a_model_dir_with_a_file_in_a_directorys_place_is_refused_before_training(trained, tmp_path, capsys, name):
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / name).write_text("x\n")
+    line = run_error(capsys, ["train", trained[0], "--quiet", "--model-dir", str(foreign)])
+    assert line == (
+        f"recflow: {foreign / name}: an existing file where a model dir keeps a directory; not a "
+        "recflow model dir? use another --model-dir, or move the file away"
+    )
+    assert [p.name for p in foreign.iterdir()] == [name]  # nothing written, not even the lock
+    assert (foreign / name).read_text() == "x\n"

@@ -56,20 +56,29 @@ def writer(model_dir: str, command: str) -> Iterator[None]:
 
 def require_checkpoint(model_dir: str) -> None:
     """Refuses, in one line and creating nothing, a model dir with no checkpoint files to read."""
-    _refuse_a_file(model_dir)
+    _refuse_files(model_dir)
     checkpoint_dir = Layout(model_dir).checkpoint_dir
     if not glob.glob(os.path.join(glob.escape(checkpoint_dir), "ckpt-*.index")):
         raise RecflowError(f"{checkpoint_dir}: no checkpoint to read (train first)")
 
 
-def _refuse_a_file(model_dir: str) -> None:
+def _refuse_files(model_dir: str) -> None:
+    """One-line errors for a model dir, or a directory of its layout, that is a file."""
     if os.path.exists(model_dir) and not os.path.isdir(model_dir):
         raise RecflowError(f"{model_dir}: model dir is an existing file, not a directory")
+    layout = Layout(model_dir)
+    for path in (layout.checkpoint_dir, layout.export_dir, layout.deltas_dir, layout.logs_dir):
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise RecflowError(
+                f"{path}: an existing file where a model dir keeps a directory; not a recflow "
+                "model dir? use another --model-dir, or move the file away"
+            )
 
 
 def ensure_dir(model_dir: str) -> None:
-    """Creates the model dir; one-line errors when the path is a file or cannot be made."""
-    _refuse_a_file(model_dir)
+    """Creates the model dir; one-line errors when the path (or a directory of its layout,
+    such as `checkpoints`) is a file, or it cannot be made."""
+    _refuse_files(model_dir)
     try:
         os.makedirs(model_dir, exist_ok=True)
     except OSError as e:
