@@ -189,9 +189,11 @@ def _convert(
         hit = tf.reduce_any(tf.equal(text[:, None], tf.constant(list(use.positive))), axis=1)
         return tf.cast(hit, tf.float32), (~empty, _reason(use, "a value", text)), None
     pattern = _NUMBER_OR_SPECIAL if use.kind == FLOAT else _NUMBER
-    short = text
-    for old, new in sources.SHORTENED:
-        short = tf.strings.regex_replace(short, old, new)
+    short = tf.cond(  # a batch without a long value (the usual one) costs one length
+        tf.reduce_any(tf.strings.length(text) > sources.LONGEST_NUMBER),
+        lambda: _shortened(text),
+        lambda: tf.identity(text),
+    )
     fits = tf.strings.length(short) <= sources.LONGEST_NUMBER
     number = tf.strings.regex_full_match(text, pattern)
     valid = number & fits
@@ -213,6 +215,13 @@ def _convert(
         return tf.where(number[i], long(i), _reason(use, "a number", text)(i))
 
     return value, (valid | empty, why), valid & ~tf.math.is_finite(value)
+
+
+def _shortened(text: tf.Tensor) -> tf.Tensor:
+    """`sources.shortened` of each value."""
+    for pattern, rewrite in sources.SHORTENED:
+        text = tf.strings.regex_replace(text, pattern, rewrite)
+    return text
 
 
 def _reason(use: sources.Need, expected: str, text: tf.Tensor):
