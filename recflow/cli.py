@@ -302,6 +302,8 @@ def cmd_launch(args) -> int:
         train_args += ["--set", item]
     cluster = Cluster(train_args, config.train.model_dir, args.ps, args.workers)
     code = cluster.run()
+    if code in (130, 143):  # stopped by SIGINT or SIGTERM: the chief said at which step
+        return code
     if code != 0:
         raise RecflowError(f"launch: the chief exited with {code}; see {config.train.model_dir}/logs/chief-0.log")
     with open(Layout(config.train.model_dir).metrics_path, encoding="utf-8") as f:

@@ -7,6 +7,7 @@ import errno
 import glob
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -370,3 +371,30 @@ def test_launch_is_private_and_dies_with_the_launcher(tmp_path):
         for p in pids:
             with contextlib.suppress(OSError):
                 os.kill(p, signal.SIGKILL)
+
+
+def test_ctrl_c_stops_a_launch_after_a_final_checkpoint(tmp_path):
+    """A terminal's Ctrl-C reached every task: the workers died mid-step, the chief could
+    not finish its step and was killed after 10 s, with no final checkpoint. The launcher
+    now passes the signal to the chief alone, which stops after its step and checkpoints."""
+    model_dir = tmp_path / "ps"
+    command = [sys.executable, "-m", "recflow.cli", "launch", CONFIG, "--ps", "1", "--workers", "1",
+               *train_argv(model_dir, "train.checkpoint_every_steps=4", steps=100000)[3:]]
+    launcher = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)  # its own process group, as a shell's job
+    try:
+        deadline = time.time() + 300
+        while not list((model_dir / "checkpoints").glob("ckpt-*.index")):
+            assert launcher.poll() is None, launcher.stderr.read()[-2000:]
+            assert time.time() < deadline, "no checkpoint"
+            time.sleep(0.5)
+        tasks = json.loads((model_dir / "cluster.json").read_text())["tasks"]
+        os.killpg(launcher.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+        _, err = launcher.communicate(timeout=240)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130, err[-2000:]
+    stopped = re.search(r"^stopped at step (\d+) \(interrupted by SIGINT\)", err, re.M)
+    assert stopped, err[-2000:]
+    assert (model_dir / "checkpoints" / f"ckpt-{stopped.group(1)}.index").exists()
+    assert not [t["pid"] for t in tasks if t["pid"] and alive(t["pid"])]

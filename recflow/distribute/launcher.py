@@ -11,6 +11,14 @@ the launcher's standard error as it is logged. Every process it started is stopp
 on success, failure or Ctrl-C, and dies with the launcher even when the
 launcher is killed with -9 (`PR_SET_PDEATHSIG`).
 
+Ctrl-C (SIGINT) or SIGTERM to the launcher stops the run as it stops `recflow train`:
+the chief gets the signal and stops after its current step with a final checkpoint,
+while the workers and PS tasks serve it; then they are stopped. The tasks run in
+sessions of their own, so a terminal's Ctrl-C reaches the launcher alone (it reached
+every task at once: the workers died mid-step and the chief, unable to finish its
+step, was killed after the grace period without a checkpoint). A second signal, or
+`STOP_GRACE` seconds, stops everything at once.
+
 Privacy: TF's gRPC server always listens on every interface (0.0.0.0), and its
 RPCs are unauthenticated. So every task runs in one private network namespace
 that holds nothing but the loopback interface: the servers are reachable on
@@ -42,6 +50,7 @@ from recflow.layout import Layout
 logger = logging.getLogger(__name__)
 
 MAX_RESTARTS = 5
+STOP_GRACE = 120.0  # seconds a signalled chief has to finish its step and checkpoint
 
 
 def free_ports(n: int) -> list[int]:
@@ -239,7 +248,7 @@ class Cluster:
 
         task.process = subprocess.Popen(
             command, env=self._env(task), stdout=task.log, stderr=subprocess.STDOUT,
-            preexec_fn=before_exec,
+            preexec_fn=before_exec, start_new_session=True,  # a terminal's Ctrl-C is the launcher's
         )
         self.write_manifest()
 
@@ -257,7 +266,7 @@ class Cluster:
         if ended:
             lines, self._partial = [*lines, self._partial], b""
         for line in lines:
-            if line.startswith(b"recflow: "):
+            if line.startswith((b"recflow: ", b"stopped at step ")):
                 print(line.decode("utf-8", "replace").rstrip(), file=sys.stderr, flush=True)
 
     def write_manifest(self) -> None:
@@ -338,14 +347,20 @@ class Cluster:
         self._start_all()
 
     def run(self, poll_seconds: float = 0.2) -> int:
-        """Starts the cluster and supervises it until the chief finishes; returns its exit code."""
+        """Starts the cluster and supervises it until the chief finishes; returns its exit
+        code (130 or 143 when a signal stopped the run)."""
         self.network = private_network()
+        signals: list[int] = []
+        previous = {s: signal.signal(s, lambda signum, _: signals.append(signum))
+                    for s in (signal.SIGINT, signal.SIGTERM)}  # fmt: skip
         try:
             self._start_all()
             chief = self.tasks[0]
             while True:
                 time.sleep(poll_seconds)
                 self._relay(chief)
+                if signals:
+                    return self._stop_chief(chief, signals)
                 dead_ps = [t for t in self.tasks if t.job == "ps" and t.process.poll() is not None]
                 if dead_ps:
                     self._restart_cluster(dead_ps)
@@ -358,4 +373,21 @@ class Cluster:
                     self._relay(chief, ended=True)
                     return code
         finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
             self.stop()
+
+    def _stop_chief(self, chief: Task, signals: list[int]) -> int:
+        """Passes the launcher's first signal on to the chief and waits, relaying its lines,
+        until it has stopped after its step and checkpointed (the other tasks still serve
+        it); a second signal or `STOP_GRACE` seconds end the wait. Returns its exit code."""
+        received = len(signals)
+        if chief.process.poll() is None:
+            chief.process.send_signal(signals[0])
+        deadline = time.time() + STOP_GRACE
+        while chief.process.poll() is None and len(signals) == received and time.time() < deadline:
+            time.sleep(0.1)
+            self._relay(chief)
+        self._relay(chief, ended=True)
+        code = chief.process.poll()
+        return 128 + signals[0] if code is None else code
