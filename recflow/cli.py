@@ -15,6 +15,7 @@ import errno
 import gc
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -117,10 +118,10 @@ def _parser() -> argparse.ArgumentParser:
         "--follow", action="store_true",
         help="online learning: train on each new file of data.train as it appears, until SIGTERM/Ctrl-C",
     )
-    p.add_argument("--poll-seconds", type=float, default=1.0, help="with --follow: idle poll interval")
+    p.add_argument("--poll-seconds", type=float, default=1.0, help="with --follow: idle poll interval (positive)")
     p.add_argument(
         "--status-seconds", type=float, default=10.0,
-        help="streams (--follow, data.format kafka): print the rate and lag at most this often",
+        help="streams (--follow, data.format kafka): print the rate and lag at most this often (positive)",
     )
     p.add_argument(
         "--warm-start", metavar="FROM_DIR",
@@ -245,6 +246,9 @@ def cmd_train(args) -> int:
 
     from recflow import api
 
+    for option, value in (("--poll-seconds", args.poll_seconds), ("--status-seconds", args.status_seconds)):
+        if not 0 < value < math.inf:  # before the config loads; NaN fails too
+            raise RecflowError(f"{option}: expected a positive number of seconds, got {value:g}")
     # A stream may start before its first file: with --follow, files are checked as they come.
     config = _load(args, check_data=not args.follow, tensorflow=False)
     if api.is_chief(config):  # a PS or worker task runs TF's server alone (`cluster.serve`)

@@ -176,3 +176,25 @@ def test_a_model_dir_with_a_file_in_a_directorys_place_is_refused_before_trainin
     )
     assert [p.name for p in foreign.iterdir()] == [name]  # nothing written, not even the lock
     assert (foreign / name).read_text() == "x\n"
+
+
+# ----------------------------------------------------------------------------- more numbers and paths
+
+
+def test_data_synth_into_an_existing_file_is_one_line(tmp_path, capsys):
+    out = tmp_path / "afile"
+    out.write_text("file\n")
+    line = run_error(capsys, ["data", "synth", "--out", str(out), "--rows", "10"])
+    assert line == f"recflow: --out {out}: an existing file, not a directory"
+    assert out.read_text() == "file\n"
+
+
+@pytest.mark.parametrize("option", ["--poll-seconds", "--status-seconds"])
+@pytest.mark.parametrize("value, shown", [("-1", "-1"), ("0", "0"), ("-5.5", "-5.5"), ("nan", "nan")])
+def test_train_seconds_must_be_positive(trained, tmp_path, capsys, option, value, shown):
+    # Checked when the arguments are read, --follow or not (-1 used to train, then fail at the
+    # first idle poll: `sleep length must be non-negative`).
+    model_dir = tmp_path / "run"
+    line = run_error(capsys, ["train", trained[0], option, value, "--model-dir", str(model_dir)])
+    assert line == f"recflow: {option}: expected a positive number of seconds, got {shown}"
+    assert not model_dir.exists()

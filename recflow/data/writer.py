@@ -38,6 +38,9 @@ def write_synthetic(
 
     Returns:
         The paths written: `[out_dir/train.<fmt>, out_dir/eval.<fmt>]`.
+
+    Raises:
+        DataError: a bad `fmt` or `rows`, or `out_dir` cannot be a directory (a file).
     """
     if fmt not in FORMATS:
         raise DataError(f"--format: expected one of {sorted(FORMATS)}, got {fmt!r}")
@@ -45,7 +48,12 @@ def write_synthetic(
         raise DataError(f"--rows: expected a positive integer, got {rows}")
     options = SyntheticOptions(rows=rows, eval_rows=max(rows // 5, 1), seed=seed, schema=schema)
     labels = synthetic.label_columns(schema)
-    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise DataError(f"--out {out_dir}: an existing file, not a directory")
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:  # a file on the way, no permission
+        raise DataError(f"--out {out_dir}: cannot create the directory ({e.strerror})") from None
     paths = []
     for split in ("train", "eval"):
         columns, _ = synthetic.generate(options, split)
