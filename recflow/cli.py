@@ -18,7 +18,9 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import traceback
 from typing import NoReturn
 
@@ -242,8 +244,6 @@ def _format_metrics(result: dict) -> str:
 
 
 def cmd_train(args) -> int:
-    import signal
-
     from recflow import api
 
     for option, value in (("--poll-seconds", args.poll_seconds), ("--status-seconds", args.status_seconds)):
@@ -253,6 +253,8 @@ def cmd_train(args) -> int:
     config = _load(args, check_data=not args.follow, tensorflow=False)
     if api.is_chief(config):  # a PS or worker task runs TF's server alone (`cluster.serve`)
         import_tensorflow()
+    else:  # ... and waits in its C++ join, where no Python handler runs: SIGTERM ends it as is
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if args.warm_start and not os.path.isdir(args.warm_start):
         raise RecflowError(f"--warm-start {args.warm_start}: no such model dir")
     stream = args.follow or config.data.format == "kafka"
@@ -575,17 +577,49 @@ def main(argv: list[str] | None = None) -> int:
         return _run_command(argv)
 
 
-def _run_command(argv: list[str] | None) -> int:
-    parser = _parser()
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM outside training's steps (which stop on it after the current step, see
+    `Trainer.signals_stop`): the command stops as on Ctrl-C, and exits 143."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts():
+    """SIGTERM raises `_Terminated` in the block, as SIGINT raises KeyboardInterrupt: what
+    is staged is removed on the way out (or left for the next writer), never half-shown.
+    Only in the main thread (Python delivers signals there only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise _Terminated()
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse already printed its message
-        return int(e.code or 0)
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_command(argv: list[str] | None) -> int:
+    try:
+        with _sigterm_interrupts():
+            parser = _parser()
+            try:
+                args = parser.parse_args(argv)
+            except SystemExit as e:  # argparse already printed its message
+                return int(e.code or 0)
+            return _run(args)
+    except KeyboardInterrupt as stop:
+        terminated = isinstance(stop, _Terminated)
+        print("recflow: interrupted" + (" by SIGTERM" if terminated else ""), file=sys.stderr)
+        return 128 + (signal.SIGTERM if terminated else signal.SIGINT)
+
+
+def _run(args) -> int:
+    """Runs the parsed command; a user error prints one line (exit 2), a bug its traceback (1)."""
     try:
         return _COMMANDS[args.command](args)
-    except KeyboardInterrupt:
-        print("recflow: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `recflow predict ... | head`: the reader has what it wanted
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

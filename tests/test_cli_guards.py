@@ -4,7 +4,10 @@ exports, model dirs that are missing or foreign. Each case exits 2 with exactly 
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
@@ -198,3 +201,74 @@ def test_train_seconds_must_be_positive(trained, tmp_path, capsys, option, value
     line = run_error(capsys, ["train", trained[0], option, value, "--model-dir", str(model_dir)])
     assert line == f"recflow: {option}: expected a positive number of seconds, got {shown}"
     assert not model_dir.exists()
+
+
+# ----------------------------------------------------------------------------- SIGTERM outside the steps
+
+
+@pytest.fixture
+def sigterm_fallback():
+    """A SIGTERM handler of the test's own, so that a CLI that leaves SIGTERM alone fails
+    the test instead of killing pytest: it records the signal, and the command goes on."""
+    received = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    yield received
+    signal.signal(signal.SIGTERM, previous)
+
+
+def sigterm_in(monkeypatch, owner, name):
+    """Sends this process SIGTERM as `owner.name` begins (in the main thread)."""
+    original = getattr(owner, name)
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, signalled)
+
+
+def run_interrupted(capsys, argv) -> None:
+    capsys.readouterr()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 143, (code, err[-3000:])
+    assert err.splitlines()[-1] == "recflow: interrupted by SIGTERM" and "Traceback" not in err, err[-3000:]
+
+
+def test_sigterm_while_starting_stops_like_ctrl_c(trained, tmp_path, capsys, monkeypatch, sigterm_fallback):
+    import recflow.cli
+
+    sigterm_in(monkeypatch, recflow.cli, "_load")
+    model_dir = tmp_path / "run"
+    run_interrupted(capsys, ["train", trained[0], "--quiet", "--model-dir", str(model_dir)])
+    assert not model_dir.exists()
+
+
+def test_sigterm_in_the_evaluation_after_training_stops_like_ctrl_c(
+    trained, tmp_path, capsys, monkeypatch, sigterm_fallback
+):
+    from recflow.training.trainer import Trainer
+
+    sigterm_in(monkeypatch, Trainer, "evaluate")
+    model_dir = tmp_path / "run"
+    argv = ["train", trained[0], "--quiet", "--model-dir", str(model_dir)]
+    run_interrupted(capsys, argv)
+    assert (model_dir / "checkpoints" / "ckpt-2.index").exists()
+    assert not (model_dir / "metrics.json").exists()  # the run's end is still to be written
+    # The export ran beside the evaluation: it is whole, or not there; no staging is left.
+    assert [p.name for p in (model_dir / "export").iterdir()] in ([], ["2"])
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(argv) == 0  # the rerun writes the evaluation, export and metrics
+    assert json.loads((model_dir / "metrics.json").read_text())["steps"] == 2
+    original = trained[1] / "export" / "2"
+    assert predicted_lines(capsys, model_dir / "export" / "2", trained[2]) == predicted_lines(capsys, original, trained[2])
+
+
+def test_sigterm_in_an_export_leaves_no_version(trained, model_dir, capsys, monkeypatch, sigterm_fallback):
+    from recflow.exporter.saved_model import Exporter
+
+    shutil.rmtree(model_dir / "export")
+    sigterm_in(monkeypatch, Exporter, "save")
+    run_interrupted(capsys, ["export", trained[0], "--model-dir", str(model_dir)])
+    assert list((model_dir / "export").iterdir()) == []  # the staged dir is removed
