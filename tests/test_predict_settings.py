@@ -14,6 +14,7 @@ import tensorflow as tf
 import yaml
 
 from recflow.cli import main
+from recflow.errors import DataError
 from recflow.exporter.predict import predict_file
 
 
@@ -74,7 +75,7 @@ def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
 
     from recflow.config import load_config
     from recflow.data import make_dataset
-    from recflow.errors import DataError
+
 
     n = 16
     table = pa.table({
@@ -137,3 +138,27 @@ def test_spaces_are_stripped_as_training_strips_them_in_every_path(tmp_path, cap
     assert score("a\u00a0", "x") == score("\u3000a", "x") == unknown != score("a", "x")
     assert score("a", " x | y ") == score("a", "y|x") == score("a", "\tx|||y") != score("a", "x")
     np.testing.assert_allclose(got, [unknown, unknown] + [score("a", "x|y")] * 3, atol=1e-6)
+
+
+def test_predict_reads_long_and_overflowing_numbers_as_training_does(tmp_path, recwarn):
+    """A number past TensorFlow's 31 characters reads without its leading zeros and far
+    decimals, or is refused, as in training; 1e39 is float32's inf (numpy warned on stderr)."""
+    rows = ["item,price,y"] + [f"i{i % 3},{i * 0.5},{i % 2}" for i in range(8)]
+    data = tmp_path / "d.csv"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    raw = {
+        "data": {"format": "csv", "train": str(data), "label": "y", "batch_size": 4, "shuffle": False},
+        "features": [{"name": "item", "kind": "categorical"},
+                     {"name": "price", "kind": "numeric", "normalizer": {"type": "log1p"}}],
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
+    }  # fmt: skip
+    scored = tmp_path / "s.csv"
+    values = ["0.25", "000000000000000000000000000000.25" + "0" * 20, "1e39", "", "3"]
+    scored.write_text("item,price\n" + "".join(f"i1,{v}\n" for v in values), encoding="utf-8")
+    _, export, got = _train_and_predict(tmp_path, raw, str(scored))
+    assert got[0] == got[1] and got[2] == got[3] != got[4]  # 1e39: non-finite, read as missing
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    scored.write_text(f"item,price\ni1,{'1' * 32}\n", encoding="utf-8")
+    with pytest.raises(DataError, match="expected a number of at most 31 characters"):
+        list(predict_file(export, str(scored)))

@@ -28,13 +28,16 @@ from recflow.data.records import number_text
 from recflow.data.sources import (
     DIGITS,
     INT64_TEXT,
+    LONGEST_NUMBER,
     NUMBER_OR_SPECIAL,
+    TOO_LONG,
     csv_reader,
     delimiter_hint,
     int64_list,
     int64_list_refusal,
     leading_values,
     not_text,
+    shortened,
     strip,
 )
 from recflow.errors import DataError, RecflowError
@@ -143,12 +146,15 @@ def _typed(name: str, column: str, values, dtype: tf.DType, where: Callable) -> 
             out[i] = np.nan if floats else -1
         elif not isinstance(v, str):
             out[i] = v  # a typed Parquet value
-        elif (_NUMBER if floats else _INT64).fullmatch(v):
-            out[i] = float(v) if floats else int(v)
+        elif (_NUMBER if floats else _INT64).fullmatch(v) and (not floats or len(shortened(v)) <= LONGEST_NUMBER):
+            with np.errstate(over="ignore"):  # 1e39 is inf in float32, as training reads it
+                out[i] = float(v) if floats else int(v)
         else:
             at = f"{where(i)}: column {column!r} (input {name!r})"
             if not floats and _DIGITS.fullmatch(v):
                 raise DataError(f"{at}: {v!r} does not fit in int64")
+            if floats and _NUMBER.fullmatch(v):
+                raise DataError(f"{at}: expected {TOO_LONG}, got {v!r}")
             raise DataError(f"{at}: expected {'a number' if floats else 'an integer'}, got {v!r}")
     return out
 
