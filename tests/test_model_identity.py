@@ -195,7 +195,8 @@ def test_a_model_dir_that_cannot_be_written_is_one_line(tmp_path, capsys, monkey
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", refuse_lock)
-    code = main(["evaluate", CONFIG, "--model-dir", str(model_dir), *sets(SMALL)])
+    # train: a reader of a dir without a checkpoint (evaluate) now stops before the lock
+    code = main(["train", CONFIG, "--model-dir", str(model_dir), *sets(SMALL)])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{model_dir}: not writable" in err

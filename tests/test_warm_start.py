@@ -48,9 +48,16 @@ def _restored_model(model_dir):
     return model
 
 
+def _weights(model) -> dict:
+    """The model's dense weights by path: its variables but the embedding engine's and the
+    run's own counters (step, bad rows), which a warm start never carries."""
+    from recflow.models.identity import dense_paths
+
+    return {p: v for p, v in dense_paths(model).items() if p not in ("global_step", "bad_records")}
+
+
 def test_rows_and_dense_weights_that_fit_are_carried_by_value(source, tmp_path):
     from recflow.api import load
-    from recflow.models.identity import dense_paths
     from recflow.training.trainer import Trainer
     from recflow.training.warm_start import warm_start
 
@@ -76,15 +83,64 @@ def test_rows_and_dense_weights_that_fit_are_carried_by_value(source, tmp_path):
     for name in ("user", "region", "region.linear"):
         assert new_rows[name].ids.size == 0  # new or resized tables start empty
 
-    old_vars, new_vars = dense_paths(old), dense_paths(new)
-    same = [p for p, v in new_vars.items() if v.trainable and p in old_vars and old_vars[p].shape == v.shape]
-    changed = [p for p, v in new_vars.items() if v.trainable and p not in same]
-    assert same and changed  # the later DNN layers fit, the first one (wider input) does not
-    for path in same:
-        np.testing.assert_array_equal(new_vars[path].numpy(), old_vars[path].numpy(), err_msg=path)
-    assert report["dense"] == {"carried": len(same), "fresh": sorted(changed)}
-    assert "dnn/dense_layers/0/kernel" in changed
-    assert "dnn/dense_layers/1/kernel" in same
+    # A feature was added: the tower's inputs changed, so no dense weight is carried (the
+    # later layers' shapes still fit, but they were trained on the old first layer's outputs).
+    assert report["dense"] == {"carried": 0, "fresh": sorted(_weights(new)),
+                               "why_fresh": "the tower's inputs changed"}
+
+
+@pytest.fixture(scope="module")
+def source_bn(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("warm_bn") / "source"
+    recflow.train(CONFIG, model_dir=str(model_dir), overrides=BATCH_NORM)
+    return model_dir
+
+
+BATCH_NORM = small({"model.params": {"dnn": {"hidden_units": [8, 4], "use_batch_norm": True}}})
+
+
+def _warm(config_path, source, tmp_path):
+    from recflow.api import load
+    from recflow.training.trainer import Trainer
+    from recflow.training.warm_start import warm_start
+
+    new = Trainer(load(config_path, model_dir=str(tmp_path / "new"), overrides=BATCH_NORM), verbose=0).model
+    return new, warm_start(new, str(source))
+
+
+def test_dense_weights_and_batch_norm_statistics_are_carried_when_the_inputs_are_the_same(source_bn, tmp_path):
+    """A table policy changed (the identity refuses a resume, warm start takes it): every
+    dense variable is carried, the batch norms' moving statistics too (they were left at
+    their initial values, so the export scored differently until they caught up)."""
+
+    raw = yaml.safe_load(open(CONFIG, encoding="utf-8"))
+    raw["tables"]["item"]["eviction"] = {"ttl_steps": 1000}
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    new, report = _warm(str(path), source_bn, tmp_path)
+    old_vars, new_vars = _weights(_restored_model(source_bn)), _weights(new)
+    moving = [p for p in new_vars if "moving_" in p]
+    assert moving and set(new_vars) == set(old_vars)
+    for p in moving:  # trained away from their initial values (mean 0, variance 1)
+        assert not np.allclose(old_vars[p].numpy(), 1.0 if p.endswith("variance") else 0.0), p
+    for p, v in new_vars.items():
+        np.testing.assert_array_equal(v.numpy(), old_vars[p].numpy(), err_msg=p)
+    assert report["dense"] == {"carried": len(new_vars), "fresh": []}
+
+
+def test_a_swapped_feature_of_the_same_width_leaves_the_dense_weights_fresh(source_bn, tmp_path):
+    """`age` renamed `zage` (the same column): the numeric inputs, in name order, went from
+    [age, price] to [price, zage], and price took age's first-layer rows by shape."""
+
+    raw = yaml.safe_load(open(CONFIG, encoding="utf-8"))
+    (age,) = [f for f in raw["features"] if f["name"] == "age"]
+    age.update(name="zage", column="age")
+    path = tmp_path / "swap.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    new, report = _warm(str(path), source_bn, tmp_path)
+    assert report["dense"] == {"carried": 0, "fresh": sorted(_weights(new)),
+                               "why_fresh": "the tower's inputs changed"}
+    assert report["tables"]["item"] > 0  # the rows still come over
 
 
 def test_rows_whose_ids_changed_dtype_start_fresh(source, tmp_path):

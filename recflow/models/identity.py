@@ -73,10 +73,13 @@ def structure(model) -> dict:
 def dense_paths(model) -> dict[str, tf.Variable]:
     """The model's variables outside the embedding engine, each under one stable path:
     its shortest attribute path without Keras's private tracking lists (layer names
-    such as `dense_3` depend on what else the process built; attribute paths do not)."""
+    such as `dense_3` depend on what else the process built; attribute paths do not).
+    The embedding engine's own variables are left out under every path (Keras also
+    tracks the engine as `_self_tracked_trackables/N`)."""
+    engine = {id(v) for v in model.embedding.variables}
     best: dict[int, tuple] = {}
     for path, variable in model._flatten(predicate=lambda v: isinstance(v, tf.Variable), with_path=True):
-        if not path or path[0] in ("embedding", "optimizer"):
+        if not path or path[0] in ("embedding", "optimizer") or id(variable) in engine:
             continue
         private = sum(1 for p in path if isinstance(p, str) and p.startswith("_"))
         rank = (private, len(path), tuple(map(str, path)))

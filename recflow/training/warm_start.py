@@ -15,9 +15,14 @@ is only read):
   initializes them). The rows count as last seen at step 0 of the new run, so
   `eviction.ttl_steps` measures from the warm start. Keys still waiting for
   admission are not carried (they hold only a counter);
-- **dense weights** of the same model class whose variable path and shape are
-  the same (a layer whose input width changed, e.g. the first DNN layer after a
-  feature was added, starts fresh).
+- **dense weights** (trainable or not: a batch norm's moving statistics too) whose
+  variable path and shape are the same, when the model class is the same and the
+  tower sees the same inputs: the same features (kind, id dtype, table and that
+  table's dim), as `tower_inputs` describes them. Otherwise every dense weight
+  starts fresh: a first layer's rows follow its inputs' order and widths, so after a
+  feature was added, removed, renamed or swapped for another of the same width, its
+  kernel would multiply other inputs than it was trained on (carried by shape alone,
+  a swapped feature silently took the other's weights).
 
 Everything else (new tables, new layers, the dense optimizer's state, the step)
 starts fresh: the new model dir begins at step 0.
@@ -99,32 +104,41 @@ def warm_start(model, source: str) -> dict:
             carried[table.name] = model.embedding.load_rows(
                 table.name, old_rows[table.name], keep_slots=same_slots
             )
-    dense_carried, dense_fresh = 0, []
-    if old.config.model.type == model.config.model.type:
-        old_vars = identity.dense_paths(old)
-        for path, variable in sorted(identity.dense_paths(model).items()):
-            source_var = old_vars.get(path)
-            if (
-                source_var is not None
-                and variable.trainable
-                and source_var.shape == variable.shape
-                and source_var.dtype == variable.dtype
-            ):
-                variable.assign(source_var)
-                dense_carried += 1
-            elif variable.trainable:
-                dense_fresh.append(path)
-    else:
-        dense_fresh = sorted(p for p, v in identity.dense_paths(model).items() if v.trainable)
+    dense_carried, dense_fresh, why = 0, [], None
+    if old.config.model.type != model.config.model.type:
+        why = f"the model class changed ({old.config.model.type} -> {model.config.model.type})"
+    elif tower_inputs(identity.structure(old)) != tower_inputs(identity.structure(model)):
+        why = "the tower's inputs changed"
+    old_vars = identity.dense_paths(old) if why is None else {}
+    counters = {id(model.global_step), id(model.bad_records)}  # the new run's own, from 0
+    for path, variable in sorted(identity.dense_paths(model).items()):
+        if id(variable) in counters:
+            continue
+        source_var = old_vars.get(path)
+        if source_var is not None and source_var.shape == variable.shape and source_var.dtype == variable.dtype:
+            variable.assign(source_var)
+            dense_carried += 1
+        else:
+            dense_fresh.append(path)
     report = {
         "from": checkpoint,
         "tables": carried,
         "fresh_tables": sorted(fresh),
         "slots_reset": sorted(slots_reset),
-        "dense": {"carried": dense_carried, "fresh": dense_fresh},
+        "dense": {"carried": dense_carried, "fresh": dense_fresh, **({"why_fresh": why} if why else {})},
     }
     logger.info("warm start from %s: %s", checkpoint, report)
     return report
+
+
+def tower_inputs(structure: dict) -> dict:
+    """What the tower's inputs are, from a model's identity: each feature's identity with
+    the dim of its table (a numeric feature's width is 1)."""
+    tables = structure["tables"]
+    return {
+        name: {**feature, "dim": tables[feature["table"]]["dim"] if "table" in feature else 1}
+        for name, feature in structure["features"].items()
+    }
 
 
 def describe(report: dict) -> str:
@@ -136,5 +150,6 @@ def describe(report: dict) -> str:
     if report["slots_reset"]:
         parts.append(f"optimizer slots reset: {', '.join(report['slots_reset'])}")
     dense = report["dense"]
-    parts.append(f"dense: {dense['carried']} variables carried, {len(dense['fresh'])} fresh")
+    why = f" ({dense['why_fresh']})" if "why_fresh" in dense else ""
+    parts.append(f"dense: {dense['carried']} variables carried, {len(dense['fresh'])} fresh{why}")
     return "; ".join(parts)
