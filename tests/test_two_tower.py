@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import recflow
 from recflow import metrics
 from recflow.cli import main
 from recflow.config import load_config
@@ -255,3 +256,40 @@ def test_export_serves_both_towers_without_recflow(trained, tmp_path):
     again = trainer.model.predict_raw(shuffled)["embeddings"]
     np.testing.assert_array_equal(again["query"].numpy(), in_process["query"].numpy())
     assert not np.allclose(again["candidate"].numpy(), in_process["candidate"].numpy())
+
+
+def test_recall_counts_a_candidate_once_whatever_its_text(tmp_path):
+    """Candidates were told apart by their raw texts: the same item with its tags listed
+    `b|c` in one row and ` c | b ` in another was two candidates with equal embeddings,
+    each target tied with its own copy (recall@1 halved, eval_candidates doubled)."""
+    import yaml
+
+    rng = np.random.default_rng(0)
+    tags = {f"i{k}": "|".join(sorted(rng.choice(list("abcdef"), 2, replace=False))) for k in range(9)}
+    rows = [(u, f"i{(u + j) % 9}") for u in range(12) for j in range(3)]
+
+    def write(name, text):
+        path = tmp_path / f"{name}.csv"
+        lines = "".join(f"1,{u},{i},{text(i, n)}\n" for n, (u, i) in enumerate(rows))
+        path.write_text("click,u,item,tags\n" + lines, encoding="utf-8")
+        return str(path)
+
+    train = write("train", lambda i, n: tags[i])
+    reordered = write("reordered", lambda i, n: tags[i] if n % 2 else " | ".join(tags[i].split("|")[::-1]))
+    raw = {
+        "data": {"format": "csv", "train": train, "label": "click", "batch_size": 16, "shuffle": False},
+        "features": [{"name": "u", "kind": "categorical", "dtype": "int64", "dim": 4},
+                     {"name": "item", "kind": "categorical", "dim": 4},
+                     {"name": "tags", "kind": "multi_hot", "dim": 4}],
+        "model": {"type": "two_tower", "params": {"query_features": ["u"], "candidate_features": ["item", "tags"],
+                                                  "hidden_units": [], "output_dim": 4}},
+        "task": {"type": "retrieval", "metrics": ["recall@1", "recall@3"]},
+        "train": {"model_dir": str(tmp_path / "run"), "steps": 6},
+    }  # fmt: skip
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump(raw), encoding="utf-8")
+    same = recflow.train(str(config))  # evaluated on the training rows
+    other = recflow.evaluate(str(config), overrides=[f"data.eval={reordered}"])
+    assert same["eval_candidates"] == other["eval_candidates"] == 9
+    for k in ("recall@1", "recall@3"):
+        assert other[k] == same[k]

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from recflow import data as data_lib
 from recflow import metrics as metrics_lib
+from recflow.config.schema import SequenceFeature
 from recflow.data.records import finish
 from recflow.errors import DataError
 from recflow.features.transform import transform
@@ -135,7 +136,10 @@ class Evaluator:
     def _evaluate_retrieval(self) -> dict:
         """recall@K: each positive row's query against every distinct candidate of the split.
 
-        Candidates are deduplicated by the raw values of the candidate features;
+        Candidates are deduplicated by what the candidate tower reads: each candidate
+        feature's ids after the transform (a multi_hot's as a set with its repeats, as its
+        pooling reads them; `a|b`, `b|a` and ` a | b ` are one candidate, which scored
+        as two ties with each other by their raw texts), and numbers after normalizing.
         `eval_candidates` is their number (a random ranking scores K / eval_candidates).
         """
         config, model, split = self.config, self.model, self.split
@@ -152,8 +156,9 @@ class Evaluator:
             queries.append(out["query"].numpy())
             candidates.append(out["candidate"].numpy())
             labels.append(batch_labels[head.label].numpy().reshape(-1))
+            features = transform(config, raw)
             for name, values in columns.items():
-                values.append(raw[name].numpy())
+                values.append(_candidate_keys(features[name], config.feature(name)))
             bad += int(batch_bad)
         y = np.concatenate(labels) if labels else np.zeros(0)
         self.check_bad_rows(y.size, bad)
@@ -190,6 +195,17 @@ class Evaluator:
             f"data.{split}: {bad} of {read} rows read by the evaluation are bad ({bad / read:.1%}, "
             f"above data.max_bad_fraction {data.max_bad_fraction:g})" + (f"; first: {first}" if first else "")
         )
+
+
+def _candidate_keys(column, feature) -> np.ndarray:
+    """One hashable key a row of a transformed candidate column: its value(s), a
+    multi_hot's ids sorted (pooling reads them in no order), a sequence's in order."""
+    if not isinstance(column, tf.RaggedTensor):
+        return column.numpy()
+    keys = np.empty(column.nrows(), object)
+    ordered = isinstance(feature, SequenceFeature)
+    keys[:] = [tuple(row if ordered else sorted(row)) for row in column.to_list()]
+    return keys
 
 
 def _warn_no_metric(config, head) -> None:
