@@ -815,7 +815,10 @@ class TaskConfig:
     """The task: the head(s) that turn the tower's logits into a loss, predictions,
     metrics and export outputs (`recflow.models.heads`). `retrieval`: every row with
     label > 0 is a positive (query, candidate) pair; the loss is a softmax over the
-    batch's candidates (in-batch negatives).
+    batch's candidates (in-batch negatives); candidates whose embeddings are equal within
+    a cosine of 0.99999 count as one (a copy of a row's own candidate is no negative of
+    it). recall@K ranks the split's distinct candidates, told apart by the ids the
+    candidate tower reads.
 
     Attributes:
         type: the head: `binary`, `regression`, `retrieval`, another registered head, or `"package.module:ClassName"`; `multitask` lists its heads in `tasks`.
