@@ -272,3 +272,15 @@ def test_sigterm_in_an_export_leaves_no_version(trained, model_dir, capsys, monk
     sigterm_in(monkeypatch, Exporter, "save")
     run_interrupted(capsys, ["export", trained[0], "--model-dir", str(model_dir)])
     assert list((model_dir / "export").iterdir()) == []  # the staged dir is removed
+
+
+def test_data_synth_never_replaces_a_file(tmp_path, capsys):
+    """commands.md: 'an existing file there is refused'; a second synth replaced train.csv
+    (2001 lines -> 11) and exited 0."""
+    out = tmp_path / "data"
+    assert main(["data", "synth", "--out", str(out), "--rows", "20"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    line = run_error(capsys, ["data", "synth", "--out", str(out), "--rows", "10"])
+    assert line == f"recflow: --out {out}: train.csv is there already (remove it, or write elsewhere)"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert main(["data", "synth", "--out", str(out), "--rows", "10", "--format", "tfrecord"]) == 0  # other names

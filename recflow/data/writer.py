@@ -40,7 +40,8 @@ def write_synthetic(
         The paths written: `[out_dir/train.<fmt>, out_dir/eval.<fmt>]`.
 
     Raises:
-        DataError: a bad `fmt` or `rows`, or `out_dir` cannot be a directory (a file).
+        DataError: a bad `fmt` or `rows`, `out_dir` cannot be a directory (a file), or
+            it holds one of the files already (a user's data is never replaced).
     """
     if fmt not in FORMATS:
         raise DataError(f"--format: expected one of {sorted(FORMATS)}, got {fmt!r}")
@@ -54,12 +55,13 @@ def write_synthetic(
         os.makedirs(out_dir, exist_ok=True)
     except OSError as e:  # a file on the way, no permission
         raise DataError(f"--out {out_dir}: cannot create the directory ({e.strerror})") from None
-    paths = []
-    for split in ("train", "eval"):
+    paths = [os.path.join(out_dir, f"{split}.{FORMATS[fmt]}") for split in ("train", "eval")]
+    for path in paths:
+        if os.path.lexists(path):
+            raise DataError(f"--out {out_dir}: {os.path.basename(path)} is there already (remove it, or write elsewhere)")
+    for split, path in zip(("train", "eval"), paths):
         columns, _ = synthetic.generate(options, split)
-        path = os.path.join(out_dir, f"{split}.{FORMATS[fmt]}")
         write_columns(path, columns, fmt, labels=labels)
-        paths.append(path)
     return paths
 
 
