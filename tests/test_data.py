@@ -24,6 +24,7 @@ from recflow.data import (
     make_file_dataset,
     write_synthetic,
 )
+from recflow.data.check import check as check_data
 from recflow.data.writer import write_columns
 from recflow.errors import DataError
 
@@ -448,6 +449,20 @@ def test_positive_values_match_numeric_label_columns_by_value(tmp_path, fmt):
     config = make_config(data, [cat("u", "int64")], label="stars")  # an int column: 3.5 -> 3
     _, labels, _ = read_all(make_dataset(config, "train", epochs=1))
     np.testing.assert_array_equal(labels["stars"], np.isin(ratings.astype(int), [4, 5]).astype(np.float32))
+
+
+def test_positive_values_match_csv_numbers_by_value_too(tmp_path):
+    """A CSV rating written `4.0` did not match `positive: [4, 5]` (compared as text),
+    where the same rows in Parquet or TFRecord did: every format now maps the same."""
+    path = tmp_path / "r.csv"
+    ratings = ["4", "4.0", "5.00", "3.5", "x", " 5 ", "45", "0004"]
+    path.write_text("u,rating\n" + "".join(f"{i},{r}\n" for i, r in enumerate(ratings)), encoding="utf-8")
+    data = {"train": str(path), "shuffle": False, "positive": {"rating": [4, "5", "x"]}}
+    config = make_config(data, [cat("u", "int64")], label="rating")
+    _, labels, bad = read_all(make_dataset(config, "train", epochs=1))
+    assert labels["rating"].tolist() == [1, 1, 1, 0, 1, 1, 0, 1] and bad == 0
+    report = check_data(config)
+    assert report["labels"][0]["values"] == {"1": 6, "0": 2}
 
 
 def test_parquet_writer_stores_no_nulls(tmp_path):

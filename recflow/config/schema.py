@@ -100,7 +100,7 @@ class DataConfig:
         seed: shuffle seed; epoch e uses `seed + e`.
         on_bad_record: `skip` counts a bad row (`bad_records` in metrics.json) and goes on; `fail` stops at the first one, naming file and line.
         max_bad_fraction: a pass (training's, or an evaluation's) whose skipped rows exceed this fraction of the rows read stops the run (exit 2).
-        positive: label column -> the raw values that are 1; every other value is 0. Text (CSV, a TFRecord bytes_list, a Parquet string) is compared after stripping spaces; a number (a TFRecord float_list or int64_list, a Parquet number column) by value, so `4` and `"4.0"` both match a stored 4.0.
+        positive: label column -> the raw values that are 1; every other value is 0. A value is compared as text after stripping spaces, and a number also by value, in every format: `positive: {rating: [4, 5]}` matches `4`, `4.0` and `0004` in a CSV as it matches a stored 4.0 in a TFRecord float_list or a Parquet number column.
         sample_rows: rows read from the start of `train` to fit `normalizer: {type: auto}`.
         cache: `auto` parses CSV or TFRecord training files once for a run of several epochs (from the second epoch of a `train.steps` run) and reads every epoch's batches from memory, the same batches as parsing again; `off` parses each epoch. Local runs only (not streams or parameter servers).
         cache_dir: where the parsed rows are kept while the run needs them (default `MODEL_DIR/cache`); checked at every load and rebuilt when damaged or made from other files.

@@ -169,8 +169,10 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
             return f"label '{need.column}' is missing"
         return None
     if need.kind == sources.LABEL:
-        if need.positive is not None:
-            value = 1.0 if text in need.positive else 0.0
+        if need.positive is not None:  # as training maps it: the text, or a number by value
+            number = _LABEL.fullmatch(text) and len(text) <= sources.LONGEST_NUMBER
+            by_value = number and float(text) in {float(v) for v in need.positive if _LABEL.fullmatch(v)}
+            value = 1.0 if text in need.positive or by_value else 0.0
         else:  # as training reads it: a float32 of at most LONGEST_NUMBER characters
             reason = None
             if not _LABEL.fullmatch(text):

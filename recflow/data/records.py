@@ -11,6 +11,7 @@ columns with `typed`, drops or fails malformed rows with `screen`, and returns
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Sequence
 from typing import Callable
 
@@ -348,16 +349,9 @@ def number_text(x: tf.Tensor) -> tf.Tensor:
     return tf.where(tf.math.is_nan(x), "", text)
 
 
-def _numbers(values) -> list[float]:
-    """The values of `data.positive` that are numbers (the others match no number), at
-    least one entry (NaN matches nothing) so that the comparison has a shape."""
-    numbers = []
-    for value in values:
-        try:
-            numbers.append(float(value))
-        except ValueError:
-            pass
-    return numbers or [float("nan")]
+def positive_numbers(values) -> list[float]:
+    """The values of `data.positive` that are numbers (the others match no number)."""
+    return [float(v) for v in values if re.fullmatch(sources.NUMBER, v)]
 
 
 def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
@@ -376,7 +370,8 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
         if dtype.is_floating or dtype.is_integer:  # by value: 4.0 is `4` (as_string says "4.000000")
             x = tf.cast(x, tf.float64)
             x = _first(x, float("nan")) if ragged else x
-            hit = tf.reduce_any(tf.equal(x[:, None], tf.constant(_numbers(use.positive), tf.float64)), axis=1)
+            numbers = positive_numbers(use.positive) or [float("nan")]  # NaN matches nothing
+            hit = tf.reduce_any(tf.equal(x[:, None], tf.constant(numbers, tf.float64)), axis=1)
             return tf.where(tf.math.is_nan(x), float("nan"), tf.cast(hit, tf.float32))
         text = tf.strings.strip(x if dtype == tf.string else tf.strings.as_string(x))
         text = _first(text, "") if ragged else text
