@@ -574,3 +574,22 @@ def test_parquet_nulls_are_refused_before_reading(tmp_path, column):
     pq.write_table(pa.table({**values, "click": [1.0, 0.0, 1.0, 0.0]}), path, write_statistics=False)
     with pytest.raises(DataError, match=f"column '{column}' holds 1 null"):
         check_sources(config)  # counted by reading the column
+
+
+def test_parquet_without_pyarrow_is_refused_up_front(tmp_path, monkeypatch):
+    """Without pyarrow the null check was skipped (a null aborted the process, exit 134)
+    and predict failed with a traceback: both now say what to install."""
+    import importlib.util
+
+    from recflow.data import sources
+
+    path = str(tmp_path / "a.parquet")
+    write_columns(path, {"u": np.arange(3), "click": np.array([1.0, 0.0, 1.0])}, "parquet")
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else find_spec(name, *a))
+    config = make_config({"format": "parquet", "train": path}, [cat("u", "int64")])
+    with pytest.raises(DataError) as info:
+        check_sources(config)
+    assert str(info.value) == f"{path}: Parquet needs the pyarrow package (pip install 'pyarrow<18', or the parquet extra)"
+    with pytest.raises(DataError, match="Parquet needs the pyarrow package"):
+        sources.require_pyarrow(path)

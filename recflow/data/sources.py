@@ -301,12 +301,20 @@ def read_header(file: str, options: CsvOptions) -> list[str]:
     return [strip(name) for name in row]
 
 
-def parquet_columns(file: str) -> list[str] | None:
-    """The column names of a Parquet file, or None when pyarrow is not installed."""
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        return None
+def require_pyarrow(what: str) -> None:
+    """Raises DataError when pyarrow (Parquet's schema, null counts; predict's reader) is
+    not installed: without it a null in a file aborted the process (exit 134)."""
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise DataError(f"{what}: Parquet needs the pyarrow package (pip install 'pyarrow<18', or the parquet extra)")
+
+
+def parquet_columns(file: str) -> list[str]:
+    """The column names of a Parquet file."""
+    require_pyarrow(file)
+    import pyarrow.parquet as pq
+
     try:
         return list(pq.read_schema(file).names)
     except OSError as e:
@@ -382,10 +390,8 @@ def check_files(config: Config, files: list[str]) -> None:
             delimiter = options.delimiter if options.header else None
             check_columns(file, read_header(file, options), uses, delimiter)
         elif fmt == "parquet":
-            columns = parquet_columns(file)
-            if columns is not None:
-                check_columns(file, columns, uses)
-                check_parquet_nulls(file, sorted({use.column for use in uses}))
+            check_columns(file, parquet_columns(file), uses)
+            check_parquet_nulls(file, sorted({use.column for use in uses}))
         elif not os.path.isfile(file):
             raise DataError(f"{file}: no such file")
 

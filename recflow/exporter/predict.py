@@ -37,6 +37,7 @@ from recflow.data.sources import (
     int64_list_refusal,
     leading_values,
     not_text,
+    require_pyarrow,
     shortened,
     strip,
 )
@@ -108,6 +109,7 @@ def _read_csv(
 def _read_parquet(path: str, sources: dict[str, str]) -> dict[str, list | np.ndarray]:
     """Each input's column: a string column as a list, a typed one (numbers, bools) as a
     numpy array of its own dtype, converted by `_typed` as the training reader does."""
+    require_pyarrow(path)
     import pyarrow as pa
     import pyarrow.parquet as pq
 
