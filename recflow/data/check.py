@@ -5,8 +5,9 @@ Per feature: parse failures, empty rate, distinct values (exact up to
 column, the ids training keeps: a row's first `max_values` / `max_len`), min/max/mean of numbers,
 non-finite numbers, multi_hot rows over `max_values`. Per label: value counts.
 Then `problems`: what `recflow train` would refuse (bad-row fraction above
-`data.max_bad_fraction`, a binary label other than 0/1, ids beyond int64, no
-rows), and `advice`: `tables.<t>.expected_keys` and normalizers.
+`data.max_bad_fraction`, a binary label other than 0/1, no rows), and `advice`:
+`tables.<t>.expected_keys`, normalizers, ids beyond int64 (bad rows in training, counted
+with the others).
 
 Values are read as the training input reads them: the same number and integer
 patterns (`recflow.data.sources`), fields stripped, quoted fields with
@@ -276,10 +277,10 @@ def _report(config, files, read, bad, first_bad, stats) -> dict:
                         f"feature '{feature.name}': values up to {np.abs(x).max():g} and no "
                         f"normalizer; use normalizer: {{type: auto}} (here: {spelled})"
                     )
-        if st.overflow:
-            problems.append(
-                f"feature '{entry['feature']}': {st.overflow} values do not fit in int64; "
-                "use dtype: string"
+        if st.overflow:  # bad rows, judged with the others by max_bad_fraction
+            advice.append(
+                f"feature '{entry['feature']}': {st.overflow} values do not fit in int64 (bad rows "
+                "in training); use dtype: string"
             )
         if st.over_max:
             entry["rows_over_max_values"] = st.over_max
