@@ -313,7 +313,9 @@ def cmd_launch(args) -> int:
     if code != 0:
         raise RecflowError(f"launch: the chief exited with {code}; see {config.train.model_dir}/logs/chief-0.log")
     with open(Layout(config.train.model_dir).metrics_path, encoding="utf-8") as f:
-        print(_format_metrics(json.load(f)))
+        metrics = json.load(f)
+    print(_format_metrics(metrics))
+    print(f"model dir: {config.train.model_dir}   export: {metrics.get('export', 'none (export.at_end: false)')}")
     return 0
 
 

@@ -65,6 +65,8 @@ def test_launch_survives_a_dead_worker_and_a_dead_ps(tmp_path):
 
     metrics = json.loads((model_dir / "metrics.json").read_text())
     assert metrics["steps"] == STEPS
+    # as recflow train ends: the metrics, then where the model went
+    assert out.splitlines()[-1] == f"model dir: {model_dir}   export: {metrics['export']}", out
     tasks = json.loads((model_dir / "cluster.json").read_text())["tasks"]
     # A dead PS restarts the whole cluster: no task keeps state of the lost run.
     assert all(t["pid"] != before[t["job"], t["index"]] for t in tasks)
