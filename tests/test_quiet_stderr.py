@@ -58,3 +58,18 @@ def test_a_retrieval_run_prints_nothing_on_stderr(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
+
+
+def test_a_config_naming_a_users_module_prints_nothing_on_stderr(tmp_path):
+    """The user's module imported TensorFlow while the config was read, before the CLI's
+    quiet import: the cuFFT/cuDNN/cuBLAS factory lines reached the terminal."""
+    extensions = os.path.join(os.path.dirname(__file__), "extensions")
+    env = {k: v for k, v in os.environ.items() if k != "RECFLOW_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join([extensions, env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-m", "recflow.cli", "plan", "configs/deepfm_demo.yaml",
+         "--set", 'train.sparse_optimizer={type: "my_extensions:MomentumSGD", momentum: 0.5}'],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""

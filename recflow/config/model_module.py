@@ -19,6 +19,7 @@ import os
 import sys
 
 from recflow.errors import ConfigError
+from recflow.quiet import native_stderr_silenced
 
 _FOLDERS: dict[str, str] = {}  # top-level module name -> the folder it was found in
 
@@ -101,6 +102,9 @@ def import_class(type_name: str, path: str, base: type | None = None, what: str 
     module_name, _, class_name = type_name.partition(":")
     if not module_name or module_name.startswith(".") or not class_name:
         raise ConfigError(path, f"expected an absolute 'package.module:ClassName', got {type_name!r}")
+    if "tensorflow" not in sys.modules:  # a user module imports it: without its native log lines
+        with native_stderr_silenced():
+            importlib.import_module("tensorflow")
     try:
         with _importable_from(folder_of(module_name)):
             module = importlib.import_module(module_name)
