@@ -672,6 +672,10 @@ def test_set_scalars(tmp_path):
     assert config.train.steps == 5
     assert config.train.total_epochs is None
     assert config.data.shuffle is False
+    # null removes a list (it was `data.eval: expected a list, got null`)
+    raw = base_raw()
+    raw["data"]["eval"] = raw["data"]["train"]
+    assert load_config(write(tmp_path, raw), ["data.eval=null"]).data.eval == ()
 
 
 def test_set_string_with_equals_sign(tmp_path):

@@ -93,6 +93,8 @@ def convert(value: Any, tp: Any, path: str) -> Any:
             except ConfigError as e:
                 errors.append(e)
         raise errors[0]
+    if value is None and origin is tuple:
+        return ()  # `--set data.eval=null` removes a list: no items
     if value is None:
         raise ConfigError(path, f"expected {_type_name(tp)}, got null")
     if origin is Literal:
