@@ -569,8 +569,9 @@ def test_parquet_nulls_are_refused_before_reading(tmp_path, column):
     with pytest.raises(DataError) as info:
         check_sources(config)
     assert str(info.value) == (f"{path}: column '{column}' holds 1 null(s), which the Parquet reader "
-                               "mis-reads (the values after a null shift): write a missing number as NaN "
-                               "and a missing string as \"\"")
+                               "mis-reads (the values after a null shift): write a missing number as a NaN "
+                               "value (pandas' to_parquet stores NaN as null; pyarrow keeps it with "
+                               "pa.array(x, from_pandas=False)) and a missing string as \"\"")
     pq.write_table(pa.table({**values, "click": [1.0, 0.0, 1.0, 0.0]}), path, write_statistics=False)
     with pytest.raises(DataError, match=f"column '{column}' holds 1 null"):
         check_sources(config)  # counted by reading the column

@@ -343,8 +343,9 @@ def check_parquet_nulls(file: str, columns: list[str]) -> None:
             if nulls:
                 raise DataError(
                     f"{file}: column '{column}' holds {nulls} null(s), which the Parquet reader "
-                    "mis-reads (the values after a null shift): write a missing number as NaN and "
-                    "a missing string as \"\""
+                    "mis-reads (the values after a null shift): write a missing number as a NaN value "
+                    "(pandas' to_parquet stores NaN as null; pyarrow keeps it with "
+                    "pa.array(x, from_pandas=False)) and a missing string as \"\""
                 )
     except OSError as e:
         raise DataError(f"{file}: cannot read the Parquet metadata ({e})") from None
