@@ -102,7 +102,8 @@ def test_predict_reads_typed_parquet_columns_as_training_did(tmp_path, capsys):
     ]
     serve = tf.saved_model.load(export).signatures["serving_default"]
     expected = serve(shop=tf.constant(shops), user=tf.constant(table["user"].to_numpy()))
-    np.testing.assert_allclose(got, expected["probability"].numpy().reshape(-1), atol=1e-6)
+    # the printed scores read back as the export's float32 scores, exactly (9 digits, not 6 decimals)
+    np.testing.assert_array_equal(got.astype(np.float32), expected["probability"].numpy().reshape(-1))
 
     floats = table.set_column(1, "user", pa.array([float(i % 5) for i in range(n)], pa.float64()))
     pq.write_table(floats, data)
