@@ -138,7 +138,10 @@ def test_train_of_a_complete_run_writes_its_damaged_export_again(trained, model_
     damage(export, "truncated")
     capsys.readouterr()
     assert main(["train", trained[0], "--quiet", "--model-dir", str(model_dir)]) == 0
-    assert "damaged export" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "damaged export" in err
+    # it names what is missing (the metrics are there)
+    assert "the run that ended at step 2 has no export (missing or damaged); writing its export and metrics" in err
     assert (model_dir / "export" / ".damaged" / "2").is_dir()
     original = trained[1] / "export" / "2"
     assert predicted_lines(capsys, export, trained[2]) == predicted_lines(capsys, original, trained[2])

@@ -387,13 +387,14 @@ class ModelDir(Layout):
         """Writes `metrics.json` (strict JSON); `merge`: over the metrics already there."""
         write_json(self.metrics_path, {**self.metrics(), **result} if merge else result)
 
-    def ended(self, step: int) -> bool:
-        """Whether the model dir has the metrics (and the whole export, unless `export.at_end`
-        is off) of a run that ended at `step`."""
-        if self.metrics().get("steps") != step:
-            return False
+    def missing_at_end(self, step: int) -> list[str]:
+        """What a run that ended at `step` left unwritten: its `metrics` and (unless
+        `export.at_end` is off) its `export`, missing or not whole; [] when it ended."""
+        missing = [] if self.metrics().get("steps") == step else ["metrics"]
         final = os.path.join(self.export_dir, str(step))
-        return not self.config.export.at_end or (os.path.isdir(final) and export_problem(final) is None)
+        if self.config.export.at_end and not (os.path.isdir(final) and export_problem(final) is None):
+            missing.insert(0, "export")
+        return missing
 
 
 DAMAGED_DIR = ".damaged"  # export/.damaged/<step>: versions that did not read back whole

@@ -455,11 +455,13 @@ class Trainer:
             summary["interrupted"] = signal.Signals(self.interrupted).name
             return summary
         if summary.get("already_done"):
-            if self.model_dir.ended(summary["steps"]):
+            missing = self.model_dir.missing_at_end(summary["steps"])
+            if not missing:
                 return summary
-            # Killed after its final checkpoint: the run's evaluation, export and metrics
-            # are still to be written.
-            logger.warning("the run ended at step %d without its export and metrics; writing them", summary["steps"])
+            # Killed after its final checkpoint, or its export damaged since: the run's
+            # evaluation, export and metrics are written again.
+            logger.warning("the run that ended at step %d has no %s (missing or damaged); writing its "
+                           "export and metrics", summary["steps"], " or ".join(missing))
             summary = {"steps": summary["steps"], "examples": 0, "train_seconds": 0.0}
         evaluate = self.config.train.evaluate and (train is None or self.config.data.eval)
         # The export and the evaluation read the final weights and write nothing the
