@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import logging
 import os
 import re
@@ -171,6 +172,15 @@ def discard_failed_save(checkpoint_dir: str, step: int) -> None:
 def variable_key(name: str) -> str:
     """The checkpoint key of a top-level variable `name` (tf.train.Checkpoint's layout)."""
     return f"{name}/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def recorded_structure(reader) -> dict | None:
+    """The model identity a checkpoint records (`reader`: `tf.train.load_checkpoint`'s), or
+    None: written by an older recflow (see `recflow.models.identity`)."""
+    from recflow.models.identity import VARIABLE
+
+    key = variable_key(VARIABLE)
+    return json.loads(reader.get_tensor(key).decode()) if reader.has_tensor(key) else None
 
 
 def saved_value(checkpoint_dir: str, name: str):

@@ -186,15 +186,13 @@ class ModelDir(Layout):
     def _check_identity(self, checkpoint: str) -> None:
         """Refuses (one line, nothing written) a checkpoint whose variables mean something
         else under this config: see `recflow.models.identity`."""
-        reader = tf.train.load_checkpoint(checkpoint)
-        name = checkpoints.variable_key(identity.VARIABLE)
-        if not reader.has_tensor(name):
+        saved = checkpoints.recorded_structure(tf.train.load_checkpoint(checkpoint))
+        if saved is None:
             raise RecflowError(
                 f"{self.path}: its checkpoint {os.path.basename(checkpoint)} records no model "
                 "structure (written by an older recflow), so it cannot be checked against this "
                 "config; train a new model dir"
             )
-        saved = json.loads(reader.get_tensor(name).decode())
         identity.check(saved, self.structure, self.path)
 
     def _warn_moved_columns(self) -> None:

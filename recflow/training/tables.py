@@ -4,7 +4,6 @@ model, its table statistics, and their history over the checkpoints kept
 
 from __future__ import annotations
 
-import json
 import os
 import re
 
@@ -16,9 +15,8 @@ from recflow.embedding.placement import ModPlacement
 from recflow.embedding.planner import LINEAR_SUFFIX
 from recflow.errors import RecflowError
 from recflow.layout import Layout
-from recflow.models import identity
 from recflow.models.registry import get_model_class
-from recflow.training.checkpoints import checkpoint_steps, variable_key
+from recflow.training.checkpoints import checkpoint_steps, recorded_structure
 
 _SHARD_NAME = re.compile(r"^model/embedding/physical_tables/0/rows/shards/(\d+)/")
 
@@ -33,10 +31,10 @@ def _latest_checkpoint(model_dir: str) -> str:
 def _first_order(reader, config) -> bool:
     """Whether the checkpoint's model had first-order weights: its recorded identity lists
     their `.linear` tables (an identity-less checkpoint: ask the model class)."""
-    key = variable_key(identity.VARIABLE)
-    if not reader.has_tensor(key):
+    saved = recorded_structure(reader)
+    if saved is None:
         return get_model_class(config.model.type).first_order
-    return any(name.endswith(LINEAR_SUFFIX) for name in json.loads(reader.get_tensor(key).decode())["tables"])
+    return any(name.endswith(LINEAR_SUFFIX) for name in saved["tables"])
 
 
 def restore_engine(model_dir: str, checkpoint: str | None = None):

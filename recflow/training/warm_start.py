@@ -30,7 +30,6 @@ starts fresh: the new model dir begins at step 0.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 
@@ -42,13 +41,14 @@ from recflow.embedding.planner import LINEAR_SUFFIX
 from recflow.errors import RecflowError
 from recflow.layout import Layout
 from recflow.models import build_model, identity
-from recflow.training.checkpoints import readable_checkpoint, variable_key
+from recflow.training.checkpoints import readable_checkpoint, recorded_structure
 
 logger = logging.getLogger(__name__)
 
 
 def _source_model(source: str):
-    """The model of `source` (a model dir), restored from its newest readable checkpoint."""
+    """The model of `source` (a model dir), restored from its newest readable checkpoint;
+    returns (model, the checkpoint, the structure it records)."""
     layout = Layout(source)
     config_path = layout.config_path
     if not os.path.isfile(config_path):
@@ -57,16 +57,14 @@ def _source_model(source: str):
     if latest is None:
         raise RecflowError(f"--warm-start {source}: no checkpoint to start from")
     config = load_config(config_path)
-    reader = tf.train.load_checkpoint(latest)
-    name = variable_key(identity.VARIABLE)
-    if not reader.has_tensor(name):
+    saved = recorded_structure(tf.train.load_checkpoint(latest))
+    if saved is None:
         raise RecflowError(f"--warm-start {latest}: written by an older recflow (no recorded structure)")
-    saved = json.loads(reader.get_tensor(name).decode())
     model = build_model(config, ModPlacement(saved["parameter_servers"]))
     model.build_weights()
     identity.check(saved, identity.structure(model), source)  # its config.yaml must match
     model.embedding.restore(tf.train.Checkpoint(model=model), latest).expect_partial()
-    return model, latest
+    return model, latest, saved
 
 
 def id_dtypes(config) -> dict[str, str]:
@@ -87,7 +85,7 @@ def warm_start(model, source: str) -> dict:
     """
     if int(model.global_step) != 0:
         raise RecflowError("--warm-start applies to a new model dir only")
-    old, checkpoint = _source_model(source)
+    old, checkpoint, old_structure = _source_model(source)
     old_rows = old.embedding.logical_rows()
     old_tables = {t.name: t for p in old.embedding.plan for t in p.logical}
     old_dtypes, dtypes = id_dtypes(old.config), id_dtypes(model.config)
@@ -107,7 +105,7 @@ def warm_start(model, source: str) -> dict:
     dense_carried, dense_fresh, why = 0, [], None
     if old.config.model.type != model.config.model.type:
         why = f"the model class changed ({old.config.model.type} -> {model.config.model.type})"
-    elif tower_inputs(identity.structure(old)) != tower_inputs(identity.structure(model)):
+    elif tower_inputs(old_structure) != tower_inputs(identity.structure(model)):
         why = "the tower's inputs changed"
     old_vars = identity.dense_paths(old) if why is None else {}
     counters = {id(model.global_step), id(model.bad_records)}  # the new run's own, from 0
