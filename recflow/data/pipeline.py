@@ -142,4 +142,22 @@ def first_bad_record(config: Config, files: Sequence[str]) -> str | None:
     return None
 
 
+def check_bad_fraction(
+    config: Config, examples: int, bad: int, files: Sequence[str] | None, where: str = "", by: str = ""
+) -> None:
+    """Raises DataError when `bad` rows exceed `data.max_bad_fraction` of the rows read
+    (`examples + bad`), naming the first bad row of `files` when given: training's check
+    and an evaluation's (`where`: `data.eval`, `by`: `the evaluation`)."""
+    limit = config.data.max_bad_fraction
+    read = examples + bad
+    if not bad or bad <= limit * read:
+        return
+    first = first_bad_record(config, files) if files else None
+    raise DataError(
+        (f"{where}: " if where else "") + f"{bad} of {read} rows read" + (f" by {by}" if by else "")
+        + f" are bad ({bad / read:.1%}, above data.max_bad_fraction {limit:g})"
+        + (f"; first: {first}" if first else "")
+    )
+
+
 __all__ = ["make_dataset", "make_file_dataset"]

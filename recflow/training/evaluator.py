@@ -19,7 +19,6 @@ from recflow import data as data_lib
 from recflow import metrics as metrics_lib
 from recflow.config.schema import SequenceFeature
 from recflow.data.records import finish
-from recflow.errors import DataError
 from recflow.features.transform import transform
 from recflow.models.base import RetrievalModel
 
@@ -182,19 +181,12 @@ class Evaluator:
 
     def check_bad_rows(self, examples: int, bad: int) -> None:
         """Raises DataError when the split's bad rows exceed `data.max_bad_fraction` of the
-        rows read, naming the first one (as training's check does)."""
+        rows read, naming the first one (training's check, `pipeline.check_bad_fraction`)."""
         data, split = self.config.data, self.split
-        read = examples + bad
-        if not bad or bad <= data.max_bad_fraction * read:
+        if not bad:
             return
-        files = None
-        if data.format != "synthetic":
-            files = data_lib.sources.expand(getattr(data, split), f"data.{split}")
-        first = data_lib.pipeline.first_bad_record(self.config, files) if files else None
-        raise DataError(
-            f"data.{split}: {bad} of {read} rows read by the evaluation are bad ({bad / read:.1%}, "
-            f"above data.max_bad_fraction {data.max_bad_fraction:g})" + (f"; first: {first}" if first else "")
-        )
+        files = None if data.format == "synthetic" else data_lib.sources.expand(getattr(data, split), f"data.{split}")
+        data_lib.pipeline.check_bad_fraction(self.config, examples, bad, files, f"data.{split}", "the evaluation")
 
 
 def _candidate_keys(column, feature) -> np.ndarray:

@@ -370,27 +370,15 @@ class Trainer:
             self.examples_trained += report.rows
             self.examples_applied += report.applied
             if examples + bad >= sample:
-                self.check_bad_rows(examples, bad, files)
+                data_lib.pipeline.check_bad_fraction(self.config, examples, bad, files)
             if report.step > report.previous_step:
                 loss = report.loss if report.loss is not None else float("nan")
                 progbar.update(report.step if target else done + report.step - start, [("loss", loss)])
                 logs = {"loss": report.loss, "previous_step": report.previous_step,
                         "examples": self.examples_trained}  # fmt: skip
                 self.callbacks.on_train_batch_end(report.step, logs)
-        self.check_bad_rows(examples, bad, files)
+        data_lib.pipeline.check_bad_fraction(self.config, examples, bad, files)
         return examples
-
-    def check_bad_rows(self, examples: int, bad: int, files: list[str] | None) -> None:
-        """Raises DataError when the bad rows exceed `data.max_bad_fraction` of the rows read."""
-        limit = self.config.data.max_bad_fraction
-        read = examples + bad
-        if not bad or bad <= limit * read:
-            return
-        first = data_lib.pipeline.first_bad_record(self.config, files) if files else None
-        raise DataError(
-            f"{bad} of {read} rows read are bad ({bad / read:.1%}, above data.max_bad_fraction "
-            f"{limit:g})" + (f"; first: {first}" if first else "")
-        )
 
     def finish(self, examples: int, elapsed: float, start_step: int) -> dict:
         """Ends training: the callbacks' `on_train_end` (the final checkpoint, with
