@@ -172,7 +172,7 @@ def _observe(need: sources.Need, st: ColumnStats, text: str, feature) -> str | N
     if need.kind == sources.LABEL:
         if need.positive is not None:  # as training maps it: the text, or a number by value
             number = _LABEL.fullmatch(text) and len(text) <= sources.LONGEST_NUMBER
-            by_value = number and float(text) in {float(v) for v in need.positive if _LABEL.fullmatch(v)}
+            by_value = number and float(text) in sources.positive_numbers(need.positive)
             value = 1.0 if text in need.positive or by_value else 0.0
         else:  # as training reads it: a float32 of at most LONGEST_NUMBER characters
             reason = None

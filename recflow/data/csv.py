@@ -187,7 +187,7 @@ def _convert(
         return value, (valid, why), None
     if use.kind == LABEL and use.positive is not None:
         hit = tf.reduce_any(tf.equal(text[:, None], tf.constant(list(use.positive))), axis=1)
-        numbers = records.positive_numbers(use.positive)
+        numbers = sorted(sources.positive_numbers(use.positive))
         if numbers:  # a number matches by value, as in a typed column: "4.0" is 4
             number = tf.strings.regex_full_match(text, _NUMBER) & (tf.strings.length(text) <= sources.LONGEST_NUMBER)
             value = tf.strings.to_number(tf.where(number, text, "nan"), tf.float64)

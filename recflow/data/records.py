@@ -11,7 +11,6 @@ columns with `typed`, drops or fails malformed rows with `screen`, and returns
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from typing import Callable
 
@@ -349,11 +348,6 @@ def number_text(x: tf.Tensor) -> tf.Tensor:
     return tf.where(tf.math.is_nan(x), "", text)
 
 
-def positive_numbers(values) -> list[float]:
-    """The values of `data.positive` that are numbers (the others match no number)."""
-    return [float(v) for v in values if re.fullmatch(sources.NUMBER, v)]
-
-
 def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
     """Converts a typed column ([batch], or ragged [batch, None]) to its raw form.
 
@@ -370,7 +364,7 @@ def typed(x: tf.Tensor, use: Need, where: str) -> tf.Tensor:
         if dtype.is_floating or dtype.is_integer:  # by value: 4.0 is `4` (as_string says "4.000000")
             x = tf.cast(x, tf.float64)
             x = _first(x, float("nan")) if ragged else x
-            numbers = positive_numbers(use.positive) or [float("nan")]  # NaN matches nothing
+            numbers = list(sources.positive_numbers(use.positive)) or [float("nan")]  # NaN matches nothing
             hit = tf.reduce_any(tf.equal(x[:, None], tf.constant(numbers, tf.float64)), axis=1)
             return tf.where(tf.math.is_nan(x), float("nan"), tf.cast(hit, tf.float32))
         text = tf.strings.strip(x if dtype == tf.string else tf.strings.as_string(x))

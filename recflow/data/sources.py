@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import glob
 import json
 import os
@@ -41,6 +42,13 @@ def shortened(text: str) -> str:
     for pattern, replacement in SHORTENED:
         text = re.sub(pattern, replacement, text)
     return text
+
+
+@functools.cache
+def positive_numbers(values: tuple[str, ...]) -> frozenset[float]:
+    """The values of `data.positive` that are numbers, by value (`"4"` matches 4.0 in every
+    reader); the others match as text only."""
+    return frozenset(float(v) for v in values if re.fullmatch(NUMBER, v))
 
 
 TOO_LONG = f"a number of at most {LONGEST_NUMBER} characters without its leading zeros and decimals past the 16th"
