@@ -41,7 +41,7 @@ from recflow.data.sources import (
     shortened,
     strip,
 )
-from recflow.errors import DataError, RecflowError
+from recflow.errors import DataError, RecflowError, op_reason
 
 CONFIG_ASSET = os.path.join("assets.extra", "recflow_config.yaml")
 
@@ -257,9 +257,8 @@ def _load(export_dir: str):
         return tf.saved_model.load(export_dir)
     except (tf.errors.OpError, OSError, IndexError, ValueError) as e:
         # A data file cut short: IndexError; a saved_model.pb that does not parse: OSError.
-        text = getattr(e, "message", None) or str(e) or type(e).__name__
-        text = re.sub(r"\{\{.*?\}\}|\s*\[Op:\w+\]", "", text)  # {{function_node ...}}, [Op:RestoreV2]
-        raise RecflowError(f"{export_dir}: damaged SavedModel, it does not load: {' '.join(text.split())[:200]}") from None
+        reason = op_reason(getattr(e, "message", None) or str(e) or type(e).__name__)
+        raise RecflowError(f"{export_dir}: damaged SavedModel, it does not load: {reason[:200]}") from None
 
 
 def _is_parquet(path: str) -> bool:
