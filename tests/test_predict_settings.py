@@ -28,6 +28,18 @@ def _train_and_predict(tmp_path, raw: dict, data: str) -> tuple[str, str, np.nda
     return str(config), export, np.array([float(v) for v in predict_file(export, data)])
 
 
+def _csv_config(tmp_path, lines: list[str], features: list[dict]) -> dict:
+    """A tiny DeepFM config on the CSV `lines` (a header line first; label `y`)."""
+    data = tmp_path / "d.csv"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return {
+        "data": {"format": "csv", "train": str(data), "label": "y", "batch_size": 4, "shuffle": False},
+        "features": features,
+        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
+        "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
+    }
+
+
 def test_predict_uses_the_training_csv_settings(tmp_path, capsys):
     rows = [f"{i};u{i % 3};{i * 0.5};{i % 2}" for i in range(8)]  # no header, ';'
     data = tmp_path / "d.txt"
@@ -117,15 +129,8 @@ def test_spaces_are_stripped_as_training_strips_them_in_every_path(tmp_path, cap
     kept the spaces around a multi_hot's values (" x| y " held the unknown ids " x", " y"
     there, where CSV training had read "x" and " y")."""
     rows = ["item,tags,y"] + [f"{'ab'[i % 2]},{['x| y', 'y |z', 'x'][i % 3]},{i % 2}" for i in range(8)]
-    data = tmp_path / "d.csv"
-    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    raw = {
-        "data": {"format": "csv", "train": str(data), "label": "y", "batch_size": 4, "shuffle": False},
-        "features": [{"name": "item", "kind": "categorical"},
-                     {"name": "tags", "kind": "multi_hot", "separator": "|"}],
-        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
-        "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
-    }  # fmt: skip
+    raw = _csv_config(tmp_path, rows, [{"name": "item", "kind": "categorical"},
+                                       {"name": "tags", "kind": "multi_hot", "separator": "|"}])
     scored = tmp_path / "s.csv"
     cases = [("a\u00a0", "x"), ("\u3000a", "x"), ("a", " x | y "), ("a", "y|x"), (" a ", "\tx|||y")]
     scored.write_text("item,tags\n" + "".join(f'"{i}","{t}"\n' for i, t in cases), encoding="utf-8")
@@ -145,15 +150,8 @@ def test_predict_reads_long_and_overflowing_numbers_as_training_does(tmp_path, r
     """A number past TensorFlow's 31 characters reads without its leading zeros and far
     decimals, or is refused, as in training; 1e39 is float32's inf (numpy warned on stderr)."""
     rows = ["item,price,y"] + [f"i{i % 3},{i * 0.5},{i % 2}" for i in range(8)]
-    data = tmp_path / "d.csv"
-    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
-    raw = {
-        "data": {"format": "csv", "train": str(data), "label": "y", "batch_size": 4, "shuffle": False},
-        "features": [{"name": "item", "kind": "categorical"},
-                     {"name": "price", "kind": "numeric", "normalizer": {"type": "log1p"}}],
-        "model": {"type": "deepfm", "params": {"dnn": {"hidden_units": [4]}}},
-        "train": {"model_dir": str(tmp_path / "run"), "steps": 2},
-    }  # fmt: skip
+    raw = _csv_config(tmp_path, rows, [{"name": "item", "kind": "categorical"},
+                                       {"name": "price", "kind": "numeric", "normalizer": {"type": "log1p"}}])
     scored = tmp_path / "s.csv"
     values = ["0.25", "000000000000000000000000000000.25" + "0" * 20, "1e39", "", "3"]
     scored.write_text("item,price\n" + "".join(f"i1,{v}\n" for v in values), encoding="utf-8")
